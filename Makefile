@@ -1,0 +1,43 @@
+# One target per workflow; each calls the real command so people and CI run the same thing.
+PY      := .venv/bin/python
+STAMP   := .venv/.installed-stamp
+
+.PHONY: setup demo test test-gpu lint lint-policy bench golden clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first: on the CI machines that is a CPU build taken from local disk;
+# an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[kernels,test,dev]'
+	touch $(STAMP)
+
+demo: setup
+	bash scripts/demo.sh
+
+test: setup
+	$(PY) -m pytest -n 2 -q tests
+	$(PY) -m pytest -q --doctest-modules moe_policy --ignore=moe_policy/experts
+
+test-gpu:
+	python3 -m pytest -q -m gpu tests
+
+lint: setup
+	$(PY) -m ruff check moe_policy tests benchmarks
+	$(PY) -m mypy
+
+lint-policy: setup
+	.venv/bin/moe-policy lint configs/default.yaml configs/profiles/*.yaml
+
+bench: setup
+	$(PY) benchmarks/policy.py
+	$(PY) benchmarks/cli.py
+
+golden: setup
+	$(PY) tests/golden/regenerate.py
+
+clean:
+	rm -rf .venv build dist *.egg-info

@@ -1,0 +1,127 @@
+"""The experts interface every fused-MoE backend implementation provides.
+
+Common weight layout (as checkpoints and vLLM hold it):
+
+* ``w13``: ``[E, 2I, H]`` for gated activations, gate rows ``0..I-1`` then up rows
+  ``I..2I-1`` (``swigluoai`` interleaves them instead: even rows gate, odd rows up);
+  ``[E, I, H]`` for non-gated activations.
+* ``w2``: ``[E, H, I]``.
+* optional biases ``w13_bias`` ``[E, N1]`` and ``w2_bias`` ``[E, H]``.
+
+Each backend converts this layout to its own with a pure ``convert_weights``
+(new tensors, the inputs and the config untouched) and computes, per token ``t``::
+
+    out[t] = sum_k w[t,k] * W2[e](act(W13[e] x[t] + dLoRA13)) + w[t,k] * dLoRA2
+
+with ``e = topk_ids[t, k]`` and ``w = topk_weights``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from moe_policy.experts.lora import MoELoRAContext
+
+#: Activations applied as ``act(gate) * up`` on a ``[gate; up]`` w13 output.
+GATED_ACTIVATIONS = frozenset({"silu", "gelu", "gelu_tanh", "swigluoai"})
+#: Activations applied elementwise on a single ``[I]`` w13 output.
+NON_GATED_ACTIVATIONS = frozenset({"silu", "gelu", "gelu_tanh", "relu2"})
+
+
+@dataclass(frozen=True)
+class ExpertsConfig:
+    """Shape and math of one MoE layer's routed experts (per partition)."""
+
+    num_experts: int
+    hidden_size: int
+    intermediate_size: int
+    top_k: int
+    activation: str = "silu"
+    gated: bool = True
+    has_bias: bool = False
+    apply_router_weight_on_input: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+    def __post_init__(self) -> None:
+        allowed = GATED_ACTIVATIONS if self.gated else NON_GATED_ACTIVATIONS
+        if self.activation not in allowed:
+            kind = "gated" if self.gated else "non-gated"
+            raise ValueError(
+                f"activation {self.activation!r} is not a {kind} activation; "
+                f"expected one of {sorted(allowed)}"
+            )
+        for name in ("num_experts", "hidden_size", "intermediate_size", "top_k"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}")
+
+    @property
+    def w13_rows(self) -> int:
+        """Rows of w13 per expert: 2I gated, I non-gated."""
+        return 2 * self.intermediate_size if self.gated else self.intermediate_size
+
+    @property
+    def num_lora_slices(self) -> int:
+        """LoRA slices on w13: gate and up when gated, one otherwise."""
+        return 2 if self.gated else 1
+
+
+class FusedMoEExperts(ABC):
+    """A backend's experts computation in the standard ``[T, H]`` activation format."""
+
+    #: Catalog name of the backend this class implements (``configs/backends.yaml``).
+    backend: ClassVar[str]
+    #: ``standard`` ([T, H] tokens) or ``batched`` ([E, max_tokens, H]).
+    activation_format: ClassVar[str] = "standard"
+    #: Whether ``apply`` accepts a LoRA context.
+    supports_lora: ClassVar[bool] = False
+
+    @classmethod
+    def supports(cls, ctx: Mapping[str, Any]) -> tuple[bool, str | None]:
+        """Extra feasibility check beyond the catalog; ``ctx`` maps context keys to values."""
+        return True, None
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str | None]:
+        """Whether this process can run the class (packages, device); reason when not."""
+        return True, None
+
+    def __init__(
+        self,
+        config: ExpertsConfig,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+    ) -> None:
+        self.config = config
+        self.weights = self.convert_weights(config, w13, w2, w13_bias, w2_bias)
+
+    @staticmethod
+    @abstractmethod
+    def convert_weights(
+        config: ExpertsConfig,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        """Common layout -> this backend's layout; pure (never mutates inputs or config)."""
+
+    @abstractmethod
+    def apply(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        lora: MoELoRAContext | None = None,
+    ) -> torch.Tensor:
+        """Run the routed experts on ``x`` [T, H]; returns [T, H] in ``x.dtype``."""

@@ -1,0 +1,183 @@
+"""Torch reference fused MoE: the oracle of every numeric test (any device, fp32 math).
+
+Computes, per token ``t`` and routed slot ``k`` (``e = topk_ids[t,k]``, ``w = topk_weights[t,k]``)::
+
+    h      = W13[e] x_in + b13[e] + dLoRA13          # x_in = w * x when the weight is on the input
+    a      = act(h)                                  # gated: act(gate) * up; non-gated: act(h)
+    y      = W2[e] a + b2[e] + dLoRA2
+    out[t] = sum_k w * y                             # weight on the output (default)
+
+``topk_ids`` entries < 0 (experts not on this rank) contribute nothing. Simple
+loops over experts and adapter slots: clarity over speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
+from moe_policy.experts.lora import MoELoRAContext
+
+
+def apply_activation(
+    h: torch.Tensor, activation: str, gated: bool, *, alpha: float = 1.702, limit: float = 7.0
+) -> torch.Tensor:
+    """``[..., N1]`` -> ``[..., I]`` (gated) or ``[..., I]`` (non-gated), in h's dtype."""
+    if not gated:
+        if activation == "relu2":
+            return torch.relu(h).square()
+        if activation == "silu":
+            return F.silu(h)
+        if activation == "gelu":
+            return F.gelu(h)
+        if activation == "gelu_tanh":
+            return F.gelu(h, approximate="tanh")
+        raise ValueError(f"unknown non-gated activation {activation!r}")
+    if activation == "swigluoai":
+        gate, up = h[..., 0::2], h[..., 1::2]
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1.0) * gate * torch.sigmoid(alpha * gate)
+    n = h.shape[-1] // 2
+    gate, up = h[..., :n], h[..., n:]
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "gelu":
+        return F.gelu(gate) * up
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
+    raise ValueError(f"unknown gated activation {activation!r}")
+
+
+def _w13_lora_delta(
+    xs: torch.Tensor, lora: MoELoRAContext, slot: int, expert: int, n1: int, interleaved: bool
+) -> torch.Tensor:
+    """Delta [rows, N1] of all w13 slices for one (slot, expert), in ``xs.dtype``."""
+    ad = lora.adapters
+    slices = []
+    for s in range(ad.num_slices):
+        a = ad.w13_a[s, slot, expert].to(xs.dtype)  # [R, H]
+        b = ad.w13_b[s, slot, expert].to(xs.dtype)  # [I, R]
+        slices.append((xs @ a.t()) @ b.t())  # [rows, I]
+    if len(slices) == 1:
+        return slices[0]
+    if interleaved:
+        out = xs.new_zeros(xs.shape[0], n1)
+        out[:, 0::2] = slices[0]
+        out[:, 1::2] = slices[1]
+        return out
+    return torch.cat(slices, dim=1)
+
+
+def fused_moe_reference(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    gated: bool = True,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    apply_router_weight_on_input: bool = False,
+    lora: MoELoRAContext | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+) -> torch.Tensor:
+    """Reference MoE forward: ``x`` [T, H] -> [T, H] in ``x.dtype`` (fp32 accumulation)."""
+    t_count, hidden = x.shape
+    num_experts, n1, h_w = w13.shape
+    if h_w != hidden or w2.shape[0] != num_experts or w2.shape[1] != hidden:
+        raise ValueError(
+            f"shape mismatch: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
+        )
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != t_count:
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
+            f"must both be [T={t_count}, k]"
+        )
+    interleaved = activation == "swigluoai"
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    out = torch.zeros(t_count, hidden, dtype=acc, device=x.device)
+    ids = topk_ids.long()
+    weights = topk_weights.to(acc)
+    mapping = lora.token_lora_mapping.long() if lora is not None else None
+    enabled = lora.adapters.enabled if lora is not None else None
+
+    for e in range(num_experts):
+        tok, slot_k = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        w = weights[tok, slot_k].unsqueeze(1)
+        xs = xf[tok] * w if apply_router_weight_on_input else xf[tok]
+        h = xs @ w13[e].to(acc).t()
+        if w13_bias is not None:
+            h = h + w13_bias[e].to(acc)
+        groups: list[tuple[int, torch.Tensor]] = []
+        if lora is not None and mapping is not None and enabled is not None:
+            slots = mapping[tok]
+            for l in torch.unique(slots).tolist():
+                if l < 0 or int(enabled[l]) == 0:
+                    continue
+                rows = torch.nonzero(slots == l, as_tuple=True)[0]
+                groups.append((l, rows))
+                h[rows] += _w13_lora_delta(xs[rows], lora, l, e, n1, interleaved)
+        a = apply_activation(h, activation, gated, alpha=swiglu_alpha, limit=swiglu_limit)
+        y = a @ w2[e].to(acc).t()
+        if w2_bias is not None:
+            y = y + w2_bias[e].to(acc)
+        for l, rows in groups:
+            ad = lora.adapters  # type: ignore[union-attr]
+            v = a[rows] @ ad.w2_a[l, e].to(acc).t()
+            y[rows] += v @ ad.w2_b[l, e].to(acc).t()
+        if not apply_router_weight_on_input:
+            y = y * w
+        out.index_add_(0, tok, y)
+    return out.to(x.dtype)
+
+
+class ReferenceExperts(FusedMoEExperts):
+    """The reference as a backend: correct everywhere, slow; LoRA-capable."""
+
+    backend = "reference"
+    activation_format = "standard"
+    supports_lora = True
+
+    @staticmethod
+    def convert_weights(
+        config: ExpertsConfig,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        return {"w13": w13, "w2": w2, "w13_bias": w13_bias, "w2_bias": w2_bias}
+
+    def apply(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        lora: MoELoRAContext | None = None,
+    ) -> torch.Tensor:
+        c, wt = self.config, self.weights
+        return fused_moe_reference(
+            x,
+            wt["w13"],
+            wt["w2"],
+            topk_weights,
+            topk_ids,
+            activation=c.activation,
+            gated=c.gated,
+            w13_bias=wt["w13_bias"],
+            w2_bias=wt["w2_bias"],
+            apply_router_weight_on_input=c.apply_router_weight_on_input,
+            lora=lora,
+            swiglu_alpha=c.swiglu_alpha,
+            swiglu_limit=c.swiglu_limit,
+        )
