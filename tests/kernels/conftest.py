@@ -1,0 +1,28 @@
+"""Kernel tests: Triton runs under its interpreter where no CUDA GPU exists.
+
+TRITON_INTERPRET must be set before triton is first imported, so it is set here,
+at collection time. The interpreter gets bf16 ``tl.dot`` wrong, so interpreted
+tests use fp16/fp32 and bf16 is checked on the GPU (see ``dtypes_for_device``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if ON_GPU else "cpu"
+
+
+def dtypes_for_device() -> list:
+    """bf16 only where tl.dot is trustworthy (the GPU); fp16/fp32 under the interpreter."""
+    return [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32]
