@@ -1,0 +1,253 @@
+"""The Python API: ``Selector`` for engines, ``select_backend`` and ``explain`` for one-offs.
+
+An engine builds one ``Selector`` per model and deployment and asks it once per MoE
+layer; layers with the same signature share one resolution (the cached decision is
+relabelled with the layer's index).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_policy.audit import AuditSink
+from moe_policy.catalog import Catalog, load_catalog
+from moe_policy.context import SelectionContext
+from moe_policy.decision import Decision
+from moe_policy.errors import PolicyError
+from moe_policy.events import REPORTER, Reporter
+from moe_policy.facts import build_context
+from moe_policy.model import ModelFacts, load_model, model_facts_from_mapping
+from moe_policy.origin import Origin
+from moe_policy.passes.feasibility import ExtraCheck
+from moe_policy.platform import PlatformFacts
+from moe_policy.resolve import Resolver
+from moe_policy.settings import Entry, Settings, resolve_settings
+
+ModelLike = str | os.PathLike[str] | Mapping[str, Any] | ModelFacts
+
+#: API keyword -> settings or context key.
+API_KEYS = {
+    "backend": "backend",
+    "mode": "mode",
+    "audit_log": "audit.path",
+    "lora": "lora.enabled",
+    "max_lora_rank": "lora.max_rank",
+    "max_loras": "lora.max_loras",
+    "platform": "platform",
+    "capability": "device.capability",
+    "device_name": "device.name",
+    "packages": "packages",
+    "dtype": "model.dtype",
+    "tp": "parallel.tp",
+    "dp": "parallel.dp",
+    "ep": "parallel.ep",
+    "all2all": "parallel.all2all",
+    "eplb": "parallel.eplb",
+    "batch_invariant": "batch_invariant",
+}
+
+
+def _load_model_like(model: ModelLike) -> ModelFacts:
+    if isinstance(model, ModelFacts):
+        return model
+    if isinstance(model, Mapping):
+        return model_facts_from_mapping(model)
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(Path(model))
+    raise PolicyError(f"model must be a path, a config mapping or ModelFacts, got {type(model).__name__}", "api:model")
+
+
+def explicit_entries(arguments: Mapping[str, Any], overrides: Mapping[str, Any] | None, origin: Origin) -> list[Entry]:
+    """API keywords (None = not given) and free-form overrides as explicit entries."""
+    entries = [
+        Entry(API_KEYS[name], value, origin) for name, value in arguments.items() if value is not None
+    ]
+    entries.extend(Entry(key, value, origin) for key, value in (overrides or {}).items())
+    return entries
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Everything ``explain`` shows: the settings ladder, the context, the decision."""
+
+    settings: Settings
+    context: SelectionContext
+    decision: Decision
+
+    @property
+    def strict_outcome(self) -> str:
+        """What strict mode would do with this decision."""
+        d = self.decision
+        if d.backend is None:
+            return "error: no feasible backend (in any mode)"
+        if d.override is not None:
+            o = d.override
+            return f"refuse: {o.requested} from {o.origin} is infeasible ({o.reason_code.value}); nothing starts"
+        return f"run {d.backend} (same as warn mode)"
+
+
+class Selector:
+    """Decides backends for the MoE layers of one model in one deployment."""
+
+    def __init__(
+        self,
+        model: ModelLike,
+        *,
+        policy_files: Sequence[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        explicit: Sequence[Entry] = (),
+        platform: PlatformFacts | None = None,
+        extra_checks: Mapping[str, ExtraCheck] | None = None,
+        catalog: Catalog | None = None,
+        reporter: Reporter | None = None,
+        files_origin: Origin | None = None,
+    ) -> None:
+        self.catalog = catalog or load_catalog()
+        self.settings = resolve_settings(
+            self.catalog, policy_files=policy_files, environ=environ, explicit=explicit,
+            files_origin=files_origin,
+        )
+        self.model = _load_model_like(model)
+        self.context = build_context(
+            self.catalog, self.model, self.settings.context,
+            mode=self.settings.mode, request=self.settings.request, platform=platform,
+        )
+        self.resolver = Resolver(self.catalog, self.settings, extra_checks)
+        self.reporter = reporter or REPORTER
+        audit_path = self.settings.value("audit.path")
+        self.audit = (
+            AuditSink(str(audit_path), bool(self.settings.value("audit.required", False)))
+            if audit_path else None
+        )
+        self._layers: dict[tuple[int | None, str | None], Decision] = {}
+        self._lock = threading.Lock()
+
+    def _context_for(self, layer_index: int | None, layer_kind: str | None) -> SelectionContext:
+        if layer_index is None and layer_kind is None:
+            return self.context
+        values = dict(self.context.values)
+        origins = dict(self.context.origins)
+        if layer_index is not None:
+            values["layer.index"] = int(layer_index)
+            origins["layer.index"] = "api"
+        if layer_kind is not None:
+            from moe_policy.context import coerce_value
+
+            values["layer.kind"] = coerce_value("layer.kind", layer_kind, "api:layer_kind")
+            origins["layer.kind"] = "api"
+        return SelectionContext(values, origins, self.context.request, self.context.mode)
+
+    def decide(self, layer_index: int | None = None, layer_kind: str | None = None) -> Decision:
+        """The decision for a layer, without logging, warning or raising."""
+        key = (layer_index, layer_kind)
+        decision = self._layers.get(key)
+        if decision is None:
+            with self._lock:
+                decision = self.resolver.resolve(self._context_for(layer_index, layer_kind))
+                self._layers[key] = decision
+        return decision
+
+    def select(self, layer_index: int | None = None, layer_kind: str | None = None) -> Decision:
+        """Decide, log once per signature, audit every call, warn or raise on overrides."""
+        decision = self.decide(layer_index, layer_kind)
+        self.reporter.report(decision, self.audit)
+        return decision
+
+    def explain(self, layer_index: int | None = None, layer_kind: str | None = None) -> Explanation:
+        decision = self.decide(layer_index, layer_kind)
+        return Explanation(self.settings, self._context_for(layer_index, layer_kind), decision)
+
+
+_SELECTORS: dict[Any, Selector] = {}
+_SELECTORS_LOCK = threading.Lock()
+
+
+def _env_key() -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("MOE_POLICY_", "VLLM_"))))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, ModelFacts):
+        return id(value)
+    return value
+
+
+def selector_for(
+    model: ModelLike,
+    *,
+    policy_files: Sequence[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    **arguments: Any,
+) -> Selector:
+    """A cached Selector for these arguments and the current relevant environment."""
+    unknown = [name for name in arguments if name not in API_KEYS]
+    if unknown:
+        from moe_policy.errors import did_you_mean
+
+        raise PolicyError(
+            f"unknown argument {unknown[0]!r}{did_you_mean(unknown[0], API_KEYS)}", "api"
+        )
+    model_key = str(model) if isinstance(model, (str, os.PathLike)) else _freeze(model)
+    key = (model_key, _freeze(policy_files), _freeze(overrides), _freeze(arguments), _env_key())
+    selector = _SELECTORS.get(key)
+    if selector is None:
+        with _SELECTORS_LOCK:
+            selector = Selector(
+                model,
+                policy_files=policy_files,
+                explicit=explicit_entries(arguments, overrides, Origin.api()),
+            )
+            _SELECTORS[key] = selector
+    return selector
+
+
+def select_backend(
+    model: ModelLike,
+    *,
+    policy_files: Sequence[str] | None = None,
+    layer_index: int | None = None,
+    layer_kind: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    **arguments: Any,
+) -> Decision:
+    """Decide the backend of one MoE layer; warns (or raises in strict mode) on overrides.
+
+    Keywords: backend, mode, audit_log, lora, max_lora_rank, max_loras, platform,
+    capability, device_name, packages, dtype, tp, dp, ep, all2all, eplb,
+    batch_invariant; ``overrides`` sets any context or settings key by name.
+    """
+    selector = selector_for(model, policy_files=policy_files, overrides=overrides, **arguments)
+    return selector.select(layer_index, layer_kind)
+
+
+def explain(
+    model: ModelLike,
+    *,
+    policy_files: Sequence[str] | None = None,
+    layer_index: int | None = None,
+    layer_kind: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    **arguments: Any,
+) -> Explanation:
+    """The decision with its settings ladder and context; never warns or raises on overrides."""
+    selector = selector_for(model, policy_files=policy_files, overrides=overrides, **arguments)
+    return selector.explain(layer_index, layer_kind)
+
+
+def reset() -> None:
+    """Forget cached selectors, probe results and reporting state (tests, env changes)."""
+    from moe_policy.platform import reset_probe_cache
+
+    with _SELECTORS_LOCK:
+        _SELECTORS.clear()
+    reset_probe_cache()
+    REPORTER.reset()

@@ -1,0 +1,75 @@
+"""Errors and warnings of moe_policy. Every message names where the bad value came from."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from moe_policy.decision import Decision, Override
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string.
+
+    >>> did_you_mean("flashinfer_cutlas", ["triton", "flashinfer_cutlass"])
+    " (did you mean 'flashinfer_cutlass'?)"
+    """
+    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class MoEPolicyError(Exception):
+    """Base class of every error raised by moe_policy."""
+
+
+class PolicyError(MoEPolicyError, ValueError):
+    """Bad input: policy file, env var, flag, API argument or model config; names its origin."""
+
+    def __init__(self, message: str, origin: Any = None, key: str | None = None) -> None:
+        self.origin = str(origin) if origin is not None else None
+        self.key = key
+        prefix = f"{self.origin}: " if self.origin else ""
+        super().__init__(prefix + message)
+
+
+class NoFeasibleBackendError(MoEPolicyError, RuntimeError):
+    """No backend can run this layer; the message lists every backend with its reason."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        lines = [f"no MoE backend can run this layer ({decision.layer_label()}):"]
+        for cand in decision.candidates:
+            rule = f" [rule {cand.rule}]" if cand.rule else ""
+            code = cand.reason_code.value if cand.reason_code else "feasible"
+            lines.append(f"  - {cand.backend}: {code} ({cand.detail}){rule}")
+        super().__init__("\n".join(lines))
+
+
+class BackendOverrideError(MoEPolicyError, RuntimeError):
+    """Strict mode: an explicit backend request cannot be honoured."""
+
+    def __init__(self, decision: Decision, override: Override) -> None:
+        self.decision = decision
+        self.override = override
+        super().__init__(
+            f"requested MoE backend {override.requested!r} (from {override.origin}) cannot be "
+            f"used: {override.reason_code.value}: {override.detail}; the policy would select "
+            f"{override.selected!r} instead, but mode is strict "
+            f"(set mode: warn to accept the fallback)"
+        )
+
+
+class BackendOverrideWarning(UserWarning):
+    """An explicit backend request was overridden (warn mode).
+
+    Filter it like any warning: ``-W error::moe_policy.BackendOverrideWarning``.
+    """
+
+    def __init__(self, override: Override) -> None:
+        self.override = override
+        super().__init__(
+            f"requested MoE backend {override.requested!r} (from {override.origin}) was "
+            f"overridden by {override.selected!r}: {override.reason_code.value}: {override.detail}"
+        )

@@ -1,0 +1,121 @@
+"""The hardware and package probe: run once, frozen, replaceable for dry runs and tests.
+
+The probe never imports torch: it reads the device through torch only when the
+engine has already imported it, otherwise through ``nvidia-smi`` / ``rocm-smi``.
+Packages are found with ``importlib.util.find_spec`` (no import). A probe step that
+fails counts as "absent" and is reported as a notice, never as a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+#: Packages the catalog may require; probed on the local machine.
+KNOWN_PACKAGES = ("torch", "triton", "flashinfer", "aiter", "vllm", "deep_ep")
+
+
+@dataclass(frozen=True)
+class PlatformFacts:
+    """What the target machine is and has. ``packages=None`` means "assume every package"."""
+
+    platform: str
+    capability: str | None = None
+    device_name: str | None = None
+    packages: tuple[str, ...] | None = None
+    origin: str = "probe"
+    problems: tuple[str, ...] = field(default=(), compare=False)
+
+
+def _probe_packages() -> tuple[str, ...]:
+    found = []
+    for name in KNOWN_PACKAGES:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                found.append(name)
+        except (ImportError, ValueError):
+            continue
+    return tuple(sorted(found))
+
+
+def _probe_torch_device() -> tuple[str, str | None, str | None] | None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        platform = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+        return platform, f"{major}.{minor}", torch.cuda.get_device_name()
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return "xpu", None, xpu.get_device_name()
+    return "cpu", None, None
+
+
+def _probe_nvidia_smi() -> tuple[str, str | None, str | None] | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    out = subprocess.run(
+        [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=10, check=True,
+    ).stdout.strip().splitlines()
+    if not out:
+        return None
+    name, cap = (part.strip() for part in out[0].split(",", 1))
+    return "cuda", cap, name
+
+
+def probe() -> PlatformFacts:
+    """Probe the local machine (uncached; use ``current_platform``)."""
+    problems: list[str] = []
+    packages = _probe_packages()
+    for step in (_probe_torch_device, _probe_nvidia_smi):
+        try:
+            found = step()
+        except Exception as exc:  # a broken probe is "absent", reported, never fatal
+            problems.append(f"{step.__name__}: {type(exc).__name__}: {exc}")
+            continue
+        if found is not None:
+            platform, cap, name = found
+            return PlatformFacts(platform, cap, name, packages, "probe", tuple(problems))
+    if shutil.which("rocm-smi") is not None:
+        return PlatformFacts("rocm", None, None, packages, "probe", tuple(problems))
+    return PlatformFacts("cpu", None, None, packages, "probe", tuple(problems))
+
+
+_cached: PlatformFacts | None = None
+_override: PlatformFacts | None = None
+
+
+def current_platform() -> PlatformFacts:
+    """The probed (or overridden) platform; probed once per process."""
+    global _cached
+    if _override is not None:
+        return _override
+    if _cached is None:
+        _cached = probe()
+    return _cached
+
+
+def reset_probe_cache() -> None:
+    """Forget the cached probe (tests)."""
+    global _cached
+    _cached = None
+
+
+@contextlib.contextmanager
+def override_platform(facts: PlatformFacts) -> Iterator[PlatformFacts]:
+    """Pin the platform for the duration of a block (tests, dry runs)."""
+    global _override
+    previous = _override
+    _override = facts
+    try:
+        yield facts
+    finally:
+        _override = previous

@@ -1,0 +1,159 @@
+"""Layered settings with provenance.
+
+Precedence is the order of ``SOURCES`` (later wins), the same direction as the
+architecture: built-in ``configs/default.yaml`` < policy files (in order) <
+environment < explicit API/CLI arguments. Every resolved key keeps its winning
+origin and the values it beat. Rules accumulate across layers; a later rule with
+the same id replaces the earlier one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from moe_policy.decision import Notice, Request, canonical_json, sha256_hex
+from moe_policy.origin import Origin
+from moe_policy.rules import Rule
+from moe_policy.settings.base import Entry, FileInfo, Source, SourceOutput
+from moe_policy.settings.builtin import BuiltinSource
+from moe_policy.settings.env import EnvSource
+from moe_policy.settings.explicit import ExplicitSource
+from moe_policy.settings.policy_files import PolicyFilesSource
+
+if TYPE_CHECKING:
+    from moe_policy.catalog import Catalog
+
+#: The precedence, lowest first.
+SOURCES: tuple[type[Source], ...] = (BuiltinSource, PolicyFilesSource, EnvSource, ExplicitSource)
+
+__all__ = [
+    "SOURCES", "Entry", "EnvSource", "ExplicitSource", "FileInfo", "Resolved", "Settings",
+    "resolve_settings",
+]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A key's winning value and origin, and every value it beat (earliest first)."""
+
+    key: str
+    value: Any
+    origin: str
+    layer: str
+    history: tuple[tuple[Any, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The merged result of every layer."""
+
+    values: Mapping[str, Resolved]
+    context: Mapping[str, Resolved]
+    rules: tuple[Rule, ...]
+    replaced_rules: tuple[tuple[Rule, Rule], ...]
+    notices: tuple[Notice, ...]
+    files: tuple[FileInfo, ...]
+    layers: tuple[str, ...]
+
+    def value(self, key: str, default: Any = None) -> Any:
+        resolved = self.values.get(key)
+        return resolved.value if resolved is not None else default
+
+    @property
+    def mode(self) -> str:
+        return str(self.value("mode", "warn"))
+
+    @property
+    def request(self) -> Request | None:
+        resolved = self.values.get("backend")
+        if resolved is None or resolved.value in (None, "auto"):
+            return None
+        return Request(resolved.value, resolved.origin)
+
+    def priority(self, platform: str) -> tuple[str, ...]:
+        return tuple(self.value(f"priority.{platform}", ()))
+
+    def policy_digest(self) -> str:
+        """sha256 of what decides (rules, priority lists, mode); no paths, no audit settings."""
+        decisive = {
+            "mode": self.mode,
+            "priority": {k: list(v.value) for k, v in self.values.items() if k.startswith("priority.")},
+            "rules": [
+                {
+                    "id": r.id, "effect": r.effect, "action": r.action, "backends": list(r.backends),
+                    "when": [[c.key, c.op, c.operand] for c in r.conditions],
+                }
+                for r in self.rules
+            ],
+        }
+        return sha256_hex(canonical_json(decisive))
+
+
+def _merge(into: dict[str, Resolved], entries: Sequence[Entry], layer: str) -> None:
+    for entry in entries:
+        previous = into.get(entry.key)
+        history: tuple[tuple[Any, str, str], ...] = ()
+        if previous is not None:
+            history = (*previous.history, (previous.value, previous.origin, previous.layer))
+        into[entry.key] = Resolved(entry.key, entry.value, str(entry.origin), layer, history)
+
+
+def resolve_settings(
+    catalog: Catalog,
+    *,
+    policy_files: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    explicit: Sequence[Entry] = (),
+    files_origin: Origin | None = None,
+) -> Settings:
+    """Read every layer in ``SOURCES`` order and merge them with provenance.
+
+    ``policy_files`` given explicitly replace ``MOE_POLICY_FILES`` (which is then
+    reported as ignored); ``environ`` replaces ``os.environ`` (tests, other hosts).
+    """
+    env = EnvSource(environ)
+    notices: list[Notice] = []
+    if policy_files is not None:
+        origin = files_origin or Origin.api("policy_files")
+        files = [(str(p), origin) for p in policy_files]
+        if env.policy_files():
+            notices.append(Notice(
+                "MOE_POLICY_FILES", str(Origin.env("MOE_POLICY_FILES")),
+                f"ignored: policy files were given explicitly ({origin})",
+            ))
+    else:
+        files = env.policy_files()
+    sources: dict[type[Source], Source] = {
+        BuiltinSource: BuiltinSource(),
+        PolicyFilesSource: PolicyFilesSource(files),
+        EnvSource: env,
+        ExplicitSource: ExplicitSource(explicit),
+    }
+    values: dict[str, Resolved] = {}
+    context: dict[str, Resolved] = {}
+    rules: dict[str, Rule] = {}
+    replaced: list[tuple[Rule, Rule]] = []
+    infos: list[FileInfo] = []
+    layers: list[str] = []
+    for source_type in SOURCES:
+        out: SourceOutput = sources[source_type].load(catalog)
+        layers.append(out.layer)
+        _merge(values, out.settings, out.layer)
+        _merge(context, out.context, out.layer)
+        for rule in out.rules:
+            if rule.id in rules:
+                replaced.append((rules[rule.id], rule))
+            rules[rule.id] = rule
+        notices.extend(out.notices)
+        infos.extend(out.files)
+    return Settings(
+        values=values,
+        context=context,
+        rules=tuple(rules.values()),
+        replaced_rules=tuple(replaced),
+        notices=tuple(notices),
+        files=tuple(infos),
+        layers=tuple(layers),
+    )

@@ -1,0 +1,30 @@
+"""The built-in policy, ``configs/default.yaml``: the lowest layer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from moe_policy import paths
+from moe_policy.decision import sha256_hex
+from moe_policy.rules import ProblemSink
+from moe_policy.settings.base import FileInfo, Source, SourceOutput
+from moe_policy.settings.schema import parse_policy_document
+from moe_policy.yamlio import load_yaml_file
+
+if TYPE_CHECKING:
+    from moe_policy.catalog import Catalog
+
+
+class BuiltinSource(Source):
+    """Reads the packaged default policy."""
+
+    layer = "built-in"
+
+    def __repr__(self) -> str:
+        return f"BuiltinSource({paths.DEFAULT_POLICY_NAME!r})"
+
+    def load(self, catalog: Catalog) -> SourceOutput:
+        loaded = load_yaml_file(paths.DEFAULT_POLICY, display_path=paths.DEFAULT_POLICY_NAME)
+        settings, rules = parse_policy_document(loaded, catalog, ProblemSink(strict=True))
+        info = FileInfo(paths.DEFAULT_POLICY_NAME, self.layer, True, sha256_hex(loaded.text))
+        return SourceOutput(self.layer, settings=settings, rules=rules, files=[info])

@@ -1,0 +1,177 @@
+"""Environment variables: ours (``MOE_POLICY_*``) and the vLLM knobs users already set.
+
+The environment is read once, in the constructor, through ``_load_environ`` (tests
+may pass a mapping instead). Only the names below are read; an unknown
+``MOE_POLICY_*`` name is an error with a did-you-mean; any other ``VLLM_*MOE*`` name
+is reported as having no effect.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from moe_policy.context import coerce_bool
+from moe_policy.decision import Notice
+from moe_policy.errors import PolicyError, did_you_mean
+from moe_policy.origin import Origin
+from moe_policy.rules import Rule
+from moe_policy.settings.base import Entry, Source, SourceOutput
+from moe_policy.settings.schema import validate_setting
+
+if TYPE_CHECKING:
+    from moe_policy.catalog import Catalog
+
+PREFIX = "MOE_POLICY_"
+#: Our variables -> the setting each one sets (FILES selects the policy files).
+OUR_VARIABLES = {
+    "MOE_POLICY_BACKEND": "backend",
+    "MOE_POLICY_MODE": "mode",
+    "MOE_POLICY_AUDIT_LOG": "audit.path",
+    "MOE_POLICY_AUDIT_REQUIRED": "audit.required",
+    "MOE_POLICY_CONSISTENCY": "consistency",
+    "MOE_POLICY_FILES": None,
+}
+AITER = "VLLM_ROCM_USE_AITER"
+AITER_MOE = "VLLM_ROCM_USE_AITER_MOE"
+BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
+FI_FP16 = "VLLM_USE_FLASHINFER_MOE_FP16"
+FI_BACKEND = "VLLM_FLASHINFER_MOE_BACKEND"
+VLLM_HANDLED = {AITER, AITER_MOE, BATCH_INVARIANT, FI_FP16, FI_BACKEND}
+#: What we know about other vLLM MoE knobs users set (all have no effect here).
+VLLM_KNOWN_NO_EFFECT = {
+    "VLLM_MOE_FORCE_MARLIN": "does not exist in vLLM (it was set in vLLM #45101 and silently ignored)",
+    "VLLM_FUSED_MOE_CHUNK_SIZE": "was removed with the kernel chunking (vLLM #34086)",
+    "VLLM_USE_FLASHINFER_MOE_FP8": "applies to FP8 MoE only; removed in favour of --moe-backend",
+    "VLLM_USE_FLASHINFER_MOE_FP4": "applies to FP4 MoE only; removed in favour of --moe-backend",
+    "VLLM_ROCM_MOE_PADDING": "changes ROCm Triton weight padding, not the backend choice",
+    "VLLM_MOE_DP_CHUNK_SIZE": "sets a dispatch chunk size, not the backend choice",
+    "VLLM_ROCM_AITER_MOE_DISPATCH_POLICY": "tunes AITER sorting at run time, not the backend choice",
+    "VLLM_MOE_USE_DEEP_GEMM": "applies to FP8 MoE only",
+}
+_FI_MODES = {"throughput": "flashinfer_cutlass", "latency": "flashinfer_trtllm"}
+
+
+def _load_environ() -> Mapping[str, str]:
+    return dict(os.environ)
+
+
+class EnvSource(Source):
+    """The environment snapshot taken at construction."""
+
+    layer = "environment"
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.environ: Mapping[str, str] = dict(environ) if environ is not None else _load_environ()
+
+    def __repr__(self) -> str:
+        shown = sorted(k for k in self.environ if k.startswith(PREFIX) or (k.startswith("VLLM_") and "MOE" in k) or k in VLLM_HANDLED)
+        return f"EnvSource({shown!r})"
+
+    def policy_files(self) -> list[tuple[str, Origin]]:
+        """Files listed in ``MOE_POLICY_FILES`` (os.pathsep-separated), in order."""
+        raw = self.environ.get("MOE_POLICY_FILES", "")
+        origin = Origin.env("MOE_POLICY_FILES")
+        return [(part, origin) for part in raw.split(os.pathsep) if part.strip()]
+
+    def _bool(self, name: str) -> bool:
+        try:
+            return coerce_bool(self.environ[name])
+        except ValueError as exc:
+            raise PolicyError(str(exc), Origin.env(name), key=name) from None
+
+    def load(self, catalog: Catalog) -> SourceOutput:
+        out = SourceOutput(self.layer)
+        for name in sorted(self.environ):
+            if not name.startswith(PREFIX):
+                continue
+            if name not in OUR_VARIABLES:
+                raise PolicyError(
+                    f"unknown environment variable {name}{did_you_mean(name, OUR_VARIABLES)}; "
+                    f"known: {', '.join(OUR_VARIABLES)}",
+                    Origin.env(name), key=name,
+                )
+        self._load_vllm(out, catalog)
+        for name, key in OUR_VARIABLES.items():
+            if key is None or name not in self.environ:
+                continue
+            raw = self.environ[name]
+            origin = Origin.env(name)
+            if raw.strip() == "":
+                out.notices.append(Notice(name, str(origin), "set but empty; ignored"))
+                continue
+            out.settings.append(Entry(key, validate_setting(key, raw, origin, catalog), origin))
+        return out
+
+    def _load_vllm(self, out: SourceOutput, catalog: Catalog) -> None:
+        env = self.environ
+        if AITER in env or AITER_MOE in env:
+            master = self._bool(AITER) if AITER in env else False
+            sub = self._bool(AITER_MOE) if AITER_MOE in env else True
+            if master and sub:
+                origin = Origin.env(AITER if AITER in env else AITER_MOE)
+                out.context.append(Entry("rocm.aiter", True, origin))
+                out.settings.append(Entry("backend", "aiter", origin))
+            else:
+                off = AITER if not master else AITER_MOE
+                out.context.append(Entry("rocm.aiter", False, Origin.env(off)))
+        if BATCH_INVARIANT in env:
+            out.context.append(Entry("batch_invariant", self._bool(BATCH_INVARIANT), Origin.env(BATCH_INVARIANT)))
+        if FI_FP16 in env:
+            self._load_flashinfer_fp16(out)
+        elif FI_BACKEND in env:
+            out.notices.append(Notice(
+                FI_BACKEND, str(Origin.env(FI_BACKEND)),
+                f"has no effect without {FI_FP16}=1 (both were removed from vLLM in favour of --moe-backend)",
+                replacement="MOE_POLICY_BACKEND",
+            ))
+        for name in sorted(env):
+            if name.startswith("VLLM_") and "MOE" in name and name not in VLLM_HANDLED:
+                detail = VLLM_KNOWN_NO_EFFECT.get(name, "is not a knob moe_policy reads")
+                out.notices.append(Notice(
+                    name, str(Origin.env(name)),
+                    f"has no effect on the MoE backend choice: {detail}",
+                    replacement="MOE_POLICY_BACKEND or a policy rule",
+                ))
+
+    def _load_flashinfer_fp16(self, out: SourceOutput) -> None:
+        env = self.environ
+        origin = Origin.env(FI_FP16)
+        if not self._bool(FI_FP16):
+            out.rules.append(Rule(
+                id="env-flashinfer-moe-fp16-off",
+                effect="forbid",
+                backends=("flashinfer_trtllm", "flashinfer_cutlass"),
+                conditions=(),
+                reason=f"{FI_FP16}=0 turns FlashInfer MoE off (deprecated vLLM knob)",
+                origin=str(origin),
+            ))
+            out.notices.append(Notice(
+                FI_FP16, str(origin),
+                "deprecated vLLM knob, honoured: forbids both FlashInfer MoE backends",
+                replacement="a policy rule `effect: forbid` on flashinfer_trtllm, flashinfer_cutlass",
+            ))
+            return
+        mode = env.get(FI_BACKEND, "latency").strip().lower()
+        mode_origin = Origin.env(FI_BACKEND) if FI_BACKEND in env else origin
+        if mode not in _FI_MODES:
+            if mode == "masked_gemm":
+                out.notices.append(Notice(
+                    FI_BACKEND, str(mode_origin),
+                    "masked_gemm applies to quantized MoE only; no request made",
+                    replacement="MOE_POLICY_BACKEND",
+                ))
+                return
+            raise PolicyError(
+                f"expected throughput or latency, got {env[FI_BACKEND]!r}"
+                f"{did_you_mean(mode, _FI_MODES)}",
+                mode_origin, key=FI_BACKEND,
+            )
+        backend = _FI_MODES[mode]
+        out.settings.append(Entry("backend", backend, mode_origin))
+        out.notices.append(Notice(
+            FI_FP16, str(origin),
+            f"deprecated vLLM knob, honoured as a request for {backend}",
+            replacement=f"MOE_POLICY_BACKEND={backend}",
+        ))

@@ -1,0 +1,42 @@
+"""User policy files, in the order given (later files win)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from moe_policy.decision import sha256_hex
+from moe_policy.errors import PolicyError
+from moe_policy.origin import Origin
+from moe_policy.rules import ProblemSink
+from moe_policy.settings.base import FileInfo, Source, SourceOutput
+from moe_policy.settings.schema import parse_policy_document
+from moe_policy.yamlio import load_yaml_file
+
+if TYPE_CHECKING:
+    from moe_policy.catalog import Catalog
+
+
+class PolicyFilesSource(Source):
+    """Reads each policy file; a missing file is an error naming where it was listed."""
+
+    layer = "policy file"
+
+    def __init__(self, files: Sequence[tuple[str, Origin]]) -> None:
+        self.files = tuple(files)
+
+    def __repr__(self) -> str:
+        return f"PolicyFilesSource({[path for path, _ in self.files]!r})"
+
+    def load(self, catalog: Catalog) -> SourceOutput:
+        out = SourceOutput(self.layer)
+        for path, listed_at in self.files:
+            if not Path(path).is_file():
+                raise PolicyError(f"policy file {path!r} not found", listed_at)
+            loaded = load_yaml_file(path)
+            settings, rules = parse_policy_document(loaded, catalog, ProblemSink(strict=True))
+            out.settings.extend(settings)
+            out.rules.extend(rules)
+            out.files.append(FileInfo(path, self.layer, True, sha256_hex(loaded.text)))
+        return out

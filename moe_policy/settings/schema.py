@@ -1,0 +1,184 @@
+"""Settings keys, their types, and validation of a policy document.
+
+The same parser serves loading (first error raises) and ``moe-policy lint``
+(every problem collected), so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from moe_policy.context import PLATFORMS, coerce_bool
+from moe_policy.errors import PolicyError, did_you_mean
+from moe_policy.origin import Origin
+from moe_policy.rules import ProblemSink, Rule, parse_rule
+from moe_policy.settings.base import Entry
+from moe_policy.yamlio import LoadedYaml
+
+if TYPE_CHECKING:
+    from moe_policy.catalog import Catalog
+
+MODES = ("warn", "strict")
+CONSISTENCY = ("error", "warn")
+POLICY_VERSION = 1
+TOP_LEVEL_KEYS = ("version", "backend", "mode", "audit", "consistency", "priority", "rules")
+AUDIT_KEYS = ("path", "required")
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    type: str  # backend | choice | str | bool | backend_list
+    description: str
+    choices: tuple[str, ...] = ()
+
+
+SETTINGS_KEYS: Mapping[str, SettingSpec] = {
+    "backend": SettingSpec("backend", "explicit backend request, or auto"),
+    "mode": SettingSpec("choice", "warn: override with a warning; strict: refuse", MODES),
+    "audit.path": SettingSpec("str", "JSON-lines audit file (null: off)"),
+    "audit.required": SettingSpec("bool", "an audit line that cannot be written is an error"),
+    "consistency": SettingSpec("choice", "cross-rank disagreement: error or warn", CONSISTENCY),
+    **{
+        f"priority.{platform}": SettingSpec("backend_list", f"auto order on {platform}")
+        for platform in PLATFORMS
+    },
+}
+
+
+def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalog) -> Any:
+    """Normalise a settings value; PolicyError names the key, the value and the origin."""
+    spec = SETTINGS_KEYS.get(key)
+    if spec is None:
+        raise PolicyError(f"unknown setting {key!r}{did_you_mean(key, SETTINGS_KEYS)}", origin, key=key)
+    if spec.type == "backend":
+        if not isinstance(value, str) or not value.strip():
+            raise PolicyError(f"{key}: expected a backend name or 'auto', got {value!r}", origin, key=key)
+        name = value.strip().lower().replace("-", "_")
+        if name != "auto" and name not in catalog:
+            raise PolicyError(
+                f"unknown MoE backend {value!r}{did_you_mean(name, (*catalog.names, 'auto'))}; "
+                f"known: auto, {', '.join(catalog.names)}",
+                origin, key=key,
+            )
+        return name
+    if spec.type == "choice":
+        text = str(value).strip().lower() if isinstance(value, str) else value
+        if text not in spec.choices:
+            raise PolicyError(
+                f"{key}: expected one of {', '.join(spec.choices)}, got {value!r}"
+                f"{did_you_mean(str(value), spec.choices)}",
+                origin, key=key,
+            )
+        return text
+    if spec.type == "bool":
+        try:
+            return coerce_bool(value)
+        except ValueError as exc:
+            raise PolicyError(f"{key}: {exc}", origin, key=key) from None
+    if spec.type == "str":
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise PolicyError(f"{key}: expected a string or null, got {value!r}", origin, key=key)
+        return value
+    if spec.type == "backend_list":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise PolicyError(f"{key}: expected a list of backend names, got {value!r}", origin, key=key)
+        for name in value:
+            if name not in catalog:
+                raise PolicyError(
+                    f"{key}: unknown backend {name!r}{did_you_mean(name, catalog.names)}", origin, key=key
+                )
+        return tuple(value)
+    raise AssertionError(spec.type)
+
+
+def parse_policy_document(
+    loaded: LoadedYaml, catalog: Catalog, sink: ProblemSink
+) -> tuple[list[Entry], list[Rule]]:
+    """Settings entries and rules of one policy document, each with file:line:col."""
+    data = loaded.data
+    entries: list[Entry] = []
+    rules: list[Rule] = []
+    if data is None:
+        return entries, rules
+    if not isinstance(data, Mapping):
+        sink.add("error", "invalid-type", f"a policy file must be a mapping, got {type(data).__name__}", loaded.origin(()))
+        return entries, rules
+
+    def at(path: tuple[Any, ...]) -> Origin:
+        return loaded.origin(path)
+
+    def add(key: str, value: Any, path: tuple[Any, ...]) -> None:
+        origin = at(path)
+        try:
+            entries.append(Entry(key, validate_setting(key, value, origin, catalog), origin))
+        except PolicyError as exc:
+            sink.add("error", _code_for(exc), str(exc).split(": ", 1)[1] if exc.origin else str(exc), origin)
+
+    for key, value in data.items():
+        if key not in TOP_LEVEL_KEYS:
+            sink.add(
+                "error", "unknown-key",
+                f"unknown key {key!r}{did_you_mean(str(key), TOP_LEVEL_KEYS)} "
+                f"(expected {', '.join(TOP_LEVEL_KEYS)})",
+                loaded.origin((key,), at_key=True),
+            )
+            continue
+        if key == "version":
+            if value != POLICY_VERSION:
+                sink.add("error", "invalid-value", f"version: expected {POLICY_VERSION}, got {value!r}", at((key,)))
+        elif key in ("backend", "mode", "consistency"):
+            add(key, value, (key,))
+        elif key == "audit":
+            if not isinstance(value, Mapping):
+                sink.add("error", "invalid-type", f"audit: expected a mapping with {', '.join(AUDIT_KEYS)}, got {value!r}", at((key,)))
+                continue
+            for sub, subvalue in value.items():
+                if sub not in AUDIT_KEYS:
+                    sink.add(
+                        "error", "unknown-key",
+                        f"unknown key 'audit.{sub}'{did_you_mean(str(sub), AUDIT_KEYS)}",
+                        loaded.origin((key, sub), at_key=True),
+                    )
+                    continue
+                add(f"audit.{sub}", subvalue, (key, sub))
+        elif key == "priority":
+            if not isinstance(value, Mapping):
+                sink.add("error", "invalid-type", f"priority: expected a mapping of platform -> backends, got {value!r}", at((key,)))
+                continue
+            for platform, order in value.items():
+                if platform not in PLATFORMS:
+                    sink.add(
+                        "error", "unknown-key",
+                        f"priority: unknown platform {platform!r}{did_you_mean(str(platform), PLATFORMS)}",
+                        loaded.origin((key, platform), at_key=True),
+                    )
+                    continue
+                add(f"priority.{platform}", order, (key, platform))
+        elif key == "rules":
+            if not isinstance(value, list):
+                sink.add("error", "invalid-type", f"rules: expected a list of rules, got {value!r}", at((key,)))
+                continue
+            seen: dict[str, str] = {}
+            for index, raw in enumerate(value):
+                rule = parse_rule(raw, at, ("rules", index), catalog.names, sink)
+                if rule is None:
+                    continue
+                if rule.id in seen:
+                    sink.add("error", "duplicate-rule", f"rule id {rule.id!r} already used at {seen[rule.id]}", rule.origin)
+                    continue
+                seen[rule.id] = rule.origin
+                rules.append(rule)
+    return entries, rules
+
+
+def _code_for(exc: PolicyError) -> str:
+    text = str(exc)
+    if "unknown MoE backend" in text or "unknown backend" in text:
+        return "unknown-backend"
+    if "unknown setting" in text:
+        return "unknown-key"
+    return "invalid-value"
