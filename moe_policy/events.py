@@ -35,7 +35,7 @@ def warn_at_caller(warning: Warning) -> None:
     if sys.version_info >= (3, 12):
         warnings.warn(warning, skip_file_prefixes=(str(PACKAGE_DIR),))
         return
-    level, frame = 1, sys._getframe(1)
+    level, frame = 2, sys._getframe(1)  # level 1 is this function, 2 its caller
     while frame is not None and frame.f_code.co_filename.startswith(str(PACKAGE_DIR)):
         level += 1
         frame = frame.f_back  # type: ignore[assignment]
