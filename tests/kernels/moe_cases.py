@@ -1,0 +1,110 @@
+"""Builders shared by the kernel tests: weights, routings, LoRA adapters, error measure."""
+
+from __future__ import annotations
+
+import torch
+
+from moe_policy.experts.base import ExpertsConfig
+from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
+
+
+def make_weights(
+    cfg: ExpertsConfig, dtype: torch.dtype, device: str, seed: int = 0
+) -> dict[str, torch.Tensor | None]:
+    """Random common-layout weights (and biases when cfg.has_bias), scaled to keep h ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    e, h, i, n1 = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.w13_rows
+    w13 = torch.randn(e, n1, h, generator=g) / h**0.5
+    w2 = torch.randn(e, h, i, generator=g) / i**0.5
+    b13 = torch.randn(e, n1, generator=g) * 0.2 if cfg.has_bias else None
+    b2 = torch.randn(e, h, generator=g) * 0.2 if cfg.has_bias else None
+    to = lambda t: None if t is None else t.to(dtype).to(device)  # noqa: E731
+    return {"w13": to(w13), "w2": to(w2), "w13_bias": to(b13), "w2_bias": to(b2)}
+
+
+def make_routing(
+    t: int, e: int, k: int, device: str, kind: str = "uniform", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights fp32 [T, k], topk_ids int32 [T, k]) with distinct experts per token.
+
+    kinds: ``uniform`` (top-k of random logits), ``skewed`` (slot 0 of every token on expert 0),
+    ``subset`` (only the first half of the experts is used; the rest get no tokens).
+    """
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(t, e, generator=g)
+    if kind == "skewed":
+        logits[:, 0] = 100.0
+    elif kind == "subset":
+        logits[:, max(k, e // 2) :] = -100.0
+    elif kind != "uniform":
+        raise ValueError(f"unknown routing kind {kind!r}")
+    probs = logits.softmax(-1)
+    w, ids = torch.topk(probs, k, dim=-1)
+    w = w / w.sum(-1, keepdim=True)
+    return w.float().to(device), ids.int().to(device)
+
+
+def make_x(t: int, h: int, dtype: torch.dtype, device: str, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(t, h, generator=g).to(dtype).to(device)
+
+
+def make_lora(
+    cfg: ExpertsConfig,
+    *,
+    num_slots: int,
+    max_rank: int,
+    ranks: list[int],
+    dtype: torch.dtype,
+    device: str,
+    disabled: tuple[int, ...] = (),
+    seed: int = 2,
+) -> MoELoRAAdapters:
+    """Adapters in slots 0..len(ranks)-1 with the given ranks; slots in ``disabled`` cleared."""
+    g = torch.Generator().manual_seed(seed)
+    e, h, i, s = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.num_lora_slices
+    ad = MoELoRAAdapters.allocate(
+        num_slots=num_slots, num_experts=e, hidden_size=h, intermediate_size=i,
+        max_rank=max_rank, num_slices=s, dtype=dtype, device=device,
+    )  # fmt: skip
+    for slot, r in enumerate(ranks):
+        rnd = lambda *shape, fan: (torch.randn(*shape, generator=g) / fan**0.5).to(dtype).to(device)  # noqa: E731
+        ad.set_adapter(
+            slot,
+            w13_a=[rnd(e, r, h, fan=h) for _ in range(s)],
+            w13_b=[rnd(e, i, r, fan=r) for _ in range(s)],
+            w2_a=rnd(e, r, i, fan=i),
+            w2_b=rnd(e, h, r, fan=r),
+            scaling=2.0,
+        )
+    for slot in disabled:
+        ad.enabled[slot] = 0
+    return ad
+
+
+def lora_mapping(t: int, kind: str, num_slots: int, device: str) -> torch.Tensor:
+    """Token -> slot: ``same`` (all 0), ``round_robin``, ``some_none`` (every third -1), ``none``."""
+    idx = torch.arange(t)
+    if kind == "same":
+        m = torch.zeros(t, dtype=torch.int32)
+    elif kind == "round_robin":
+        m = (idx % num_slots).int()
+    elif kind == "some_none":
+        m = torch.where(idx % 3 == 0, -1, idx % num_slots).int()
+    elif kind == "none":
+        m = torch.full((t,), -1, dtype=torch.int32)
+    else:
+        raise ValueError(f"unknown mapping kind {kind!r}")
+    return m.to(device)
+
+
+def lora_context(ad: MoELoRAAdapters, mapping: torch.Tensor) -> MoELoRAContext:
+    return MoELoRAContext(ad, mapping)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere gives inf."""
+    o, r = out.double(), ref.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float((o - r).norm() / r.norm().clamp_min(1e-30))
