@@ -174,7 +174,7 @@ def parse_catalog(loaded: LoadedYaml) -> Catalog:
             )
         sink = ProblemSink(strict=True)
         lora_conditions = parse_conditions(
-            lora.get("when"), lambda p: loaded.origin(p), (*path, "lora", "when"), sink
+            lora.get("when"), loaded.origin, (*path, "lora", "when"), sink
         )
         fmt = raw.get("activation_format", "standard")
         if fmt not in ("standard", "batched", "any"):

@@ -129,7 +129,8 @@ class ProblemSink:
         self.problems.append(problem)
 
 
-OriginAt = Callable[[tuple[Any, ...]], Origin]
+#: ``origin_at(keypath, at_key=False)``: file:line:col of a value (or of its key).
+OriginAt = Callable[..., Origin]
 
 
 def parse_conditions(
@@ -148,7 +149,7 @@ def parse_conditions(
             sink.add(
                 "error", "unknown-context-key",
                 f"condition on unknown context key {key!r}{did_you_mean(key, CONTEXT_KEYS)}",
-                where,
+                origin_at((*path, key), at_key=True),
             )
             continue
         if isinstance(spec, Mapping):
@@ -158,7 +159,7 @@ def parse_conditions(
                         "error", "unknown-operator",
                         f"{key}: unknown operator {op!r}{did_you_mean(op, OPERATORS)} "
                         f"(expected one of {', '.join(OPERATORS)})",
-                        origin_at((*path, key, op)),
+                        origin_at((*path, key, op), at_key=True),
                     )
                     continue
                 cond = _make_condition(key, op, operand, origin_at((*path, key, op)), sink)
@@ -220,7 +221,7 @@ def parse_rule(
                 "error", "unknown-key",
                 f"unknown rule key {key!r}{did_you_mean(str(key), RULE_KEYS)} "
                 f"(expected {', '.join(RULE_KEYS)})",
-                origin_at((*path, key)),
+                origin_at((*path, key), at_key=True),
             )
     rule_id = raw.get("id")
     if not isinstance(rule_id, str) or not rule_id.strip():

@@ -20,3 +20,65 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+# --- policy fixtures --------------------------------------------------------------
+
+from collections.abc import Callable, Iterator, Mapping  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = REPO / "configs" / "models"
+NEMOTRON = str(MODELS / "nemotron-3-nano-30b-a3b.json")
+MIXTRAL = str(MODELS / "mixtral-8x7b-instruct-v0.1.json")
+QWEN3 = str(MODELS / "qwen3-30b-a3b.json")
+DEEPSEEK = str(MODELS / "deepseek-v3.json")
+#: A gpt-oss-20b-shaped config (interleaved swigluoai with clamp and biases).
+GPT_OSS: Mapping[str, Any] = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+    "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
+    "hidden_act": "silu", "swiglu_limit": 7.0, "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_policy_state() -> Iterator[None]:
+    """Each test starts with no cached selectors, probe results or reporting counts."""
+    import moe_policy
+
+    moe_policy.reset()
+    yield
+    moe_policy.reset()
+
+
+@pytest.fixture
+def make_selector() -> Callable[..., Any]:
+    """Build a Selector isolated from the real environment: ``environ`` defaults to {}."""
+    from moe_policy.api import Selector, explicit_entries
+    from moe_policy.origin import Origin
+
+    def build(
+        model: Any = NEMOTRON,
+        *,
+        environ: Mapping[str, str] | None = None,
+        policy_files: list[str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        **arguments: Any,
+    ) -> Any:
+        entries = explicit_entries(arguments, overrides, Origin.api())
+        return Selector(model, policy_files=policy_files, environ=environ or {}, explicit=entries)
+
+    return build
+
+
+@pytest.fixture
+def h200() -> dict[str, Any]:
+    """Dry-run arguments for an H200 (SM90) target."""
+    return {"platform": "cuda", "capability": "9.0", "device_name": "NVIDIA H200"}
+
+
+@pytest.fixture
+def b200() -> dict[str, Any]:
+    """Dry-run arguments for a B200 (SM100) target."""
+    return {"platform": "cuda", "capability": "10.0", "device_name": "NVIDIA B200"}

@@ -24,7 +24,11 @@ class BuiltinSource(Source):
         return f"BuiltinSource({paths.DEFAULT_POLICY_NAME!r})"
 
     def load(self, catalog: Catalog) -> SourceOutput:
-        loaded = load_yaml_file(paths.DEFAULT_POLICY, display_path=paths.DEFAULT_POLICY_NAME)
+        # Package data without interpolations: the safe loader is 10x faster than OmegaConf
+        # here, and a test pins that both loaders read this file identically.
+        loaded = load_yaml_file(
+            paths.DEFAULT_POLICY, display_path=paths.DEFAULT_POLICY_NAME, use_omegaconf=False
+        )
         settings, rules = parse_policy_document(loaded, catalog, ProblemSink(strict=True))
         info = FileInfo(paths.DEFAULT_POLICY_NAME, self.layer, True, sha256_hex(loaded.text))
         return SourceOutput(self.layer, settings=settings, rules=rules, files=[info])

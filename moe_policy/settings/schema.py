@@ -108,8 +108,8 @@ def parse_policy_document(
         sink.add("error", "invalid-type", f"a policy file must be a mapping, got {type(data).__name__}", loaded.origin(()))
         return entries, rules
 
-    def at(path: tuple[Any, ...]) -> Origin:
-        return loaded.origin(path)
+    def at(path: tuple[Any, ...], at_key: bool = False) -> Origin:
+        return loaded.origin(path, at_key=at_key)
 
     def add(key: str, value: Any, path: tuple[Any, ...]) -> None:
         origin = at(path)

@@ -1,0 +1,131 @@
+"""The environment layer: our variables and the vLLM knobs users already set."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from moe_policy.catalog import load_catalog
+from moe_policy.errors import PolicyError
+from moe_policy.settings import resolve_settings
+from moe_policy.settings.env import EnvSource
+
+
+def _settings(env):
+    return resolve_settings(load_catalog(), environ=env)
+
+
+def test_env_reads_os_environ_once_at_construction(monkeypatch):
+    """The source snapshots os.environ when built; later changes do not leak in."""
+    monkeypatch.setenv("MOE_POLICY_MODE", "strict")
+    source = EnvSource()
+    monkeypatch.setenv("MOE_POLICY_MODE", "warn")
+    out = source.load(load_catalog())
+    assert [(e.key, e.value) for e in out.settings] == [("mode", "strict")]
+
+
+def test_repr_lists_relevant_variables_only():
+    """The repr shows the variables the source reads, nothing else."""
+    source = EnvSource({"MOE_POLICY_MODE": "warn", "HOME": "/root", "VLLM_MOE_FORCE_MARLIN": "1"})
+    assert repr(source) == "EnvSource(['MOE_POLICY_MODE', 'VLLM_MOE_FORCE_MARLIN'])"
+
+
+def test_env_beats_policy_files_and_keeps_origin():
+    """MOE_POLICY_BACKEND sets the request with origin env:MOE_POLICY_BACKEND."""
+    settings = _settings({"MOE_POLICY_BACKEND": "Triton"})
+    assert settings.request is not None
+    assert (settings.request.backend, settings.request.origin) == ("triton", "env:MOE_POLICY_BACKEND")
+
+
+def test_unknown_moe_policy_variable_is_an_error():
+    """A misspelt MOE_POLICY_* variable is refused with a did-you-mean."""
+    with pytest.raises(PolicyError, match=r"^env:MOE_POLICY_BACKED: unknown environment variable MOE_POLICY_BACKED \(did you mean 'MOE_POLICY_BACKEND'\?\)"):
+        _settings({"MOE_POLICY_BACKED": "triton"})
+
+
+def test_bad_mode_value():
+    """MOE_POLICY_MODE must be warn or strict."""
+    with pytest.raises(PolicyError, match=re.escape("env:MOE_POLICY_MODE: mode: expected one of warn, strict, got 'strct' (did you mean 'strict'?)")):
+        _settings({"MOE_POLICY_MODE": "strct"})
+
+
+def test_bad_backend_value():
+    """An unknown backend in MOE_POLICY_BACKEND names the variable."""
+    with pytest.raises(PolicyError, match=r"^env:MOE_POLICY_BACKEND: unknown MoE backend 'flashinfer'"):
+        _settings({"MOE_POLICY_BACKEND": "flashinfer"})
+
+
+def test_files_are_split_on_pathsep(tmp_path):
+    """MOE_POLICY_FILES lists files separated by os.pathsep, in order."""
+    import os
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("mode: strict\n")
+    b.write_text("mode: warn\n")
+    settings = _settings({"MOE_POLICY_FILES": f"{a}{os.pathsep}{b}"})
+    assert settings.values["mode"].origin == f"file:{b}:1:7"
+    assert [f.path for f in settings.files] == ["configs/default.yaml", str(a), str(b)]
+
+
+def test_aiter_both_on_requests_aiter():
+    """VLLM_ROCM_USE_AITER=1 (MOE sub-switch default on) requests aiter and switches it on."""
+    settings = _settings({"VLLM_ROCM_USE_AITER": "1"})
+    assert settings.request is not None and settings.request.backend == "aiter"
+    assert settings.request.origin == "env:VLLM_ROCM_USE_AITER"
+    assert settings.context["rocm.aiter"].value is True
+
+
+def test_aiter_sub_switch_off_removes_aiter():
+    """VLLM_ROCM_USE_AITER_MOE=0 switches AITER off with that variable as the origin."""
+    settings = _settings({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "0"})
+    assert settings.request is None
+    assert (settings.context["rocm.aiter"].value, settings.context["rocm.aiter"].origin) == (False, "env:VLLM_ROCM_USE_AITER_MOE")
+
+
+def test_batch_invariant():
+    """VLLM_BATCH_INVARIANT becomes the batch_invariant fact."""
+    assert _settings({"VLLM_BATCH_INVARIANT": "1"}).context["batch_invariant"].value is True
+    with pytest.raises(PolicyError, match=r"^env:VLLM_BATCH_INVARIANT: expected a boolean"):
+        _settings({"VLLM_BATCH_INVARIANT": "sometimes"})
+
+
+def test_removed_flashinfer_knobs_are_honoured_as_a_request_with_a_deprecation():
+    """VLLM_USE_FLASHINFER_MOE_FP16=1 + throughput -> request flashinfer_cutlass, notice names the replacement."""
+    settings = _settings({"VLLM_USE_FLASHINFER_MOE_FP16": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"})
+    assert settings.request is not None
+    assert (settings.request.backend, settings.request.origin) == ("flashinfer_cutlass", "env:VLLM_FLASHINFER_MOE_BACKEND")
+    notice = next(n for n in settings.notices if n.name == "VLLM_USE_FLASHINFER_MOE_FP16")
+    assert notice.replacement == "MOE_POLICY_BACKEND=flashinfer_cutlass"
+
+
+def test_flashinfer_fp16_off_forbids_both_flashinfer_backends():
+    """VLLM_USE_FLASHINFER_MOE_FP16=0 becomes an env-origin forbid rule."""
+    settings = _settings({"VLLM_USE_FLASHINFER_MOE_FP16": "0"})
+    rule = next(r for r in settings.rules if r.id == "env-flashinfer-moe-fp16-off")
+    assert (rule.effect, rule.backends, rule.origin) == ("forbid", ("flashinfer_trtllm", "flashinfer_cutlass"), "env:VLLM_USE_FLASHINFER_MOE_FP16")
+
+
+def test_our_variable_beats_the_vllm_request():
+    """Both in the env layer: MOE_POLICY_BACKEND wins, the vLLM-derived request is in the history."""
+    settings = _settings({"VLLM_ROCM_USE_AITER": "1", "MOE_POLICY_BACKEND": "triton"})
+    resolved = settings.values["backend"]
+    assert (resolved.value, resolved.origin) == ("triton", "env:MOE_POLICY_BACKEND")
+    assert ("aiter", "env:VLLM_ROCM_USE_AITER", "environment") in resolved.history
+
+
+@pytest.mark.parametrize("name", ["VLLM_MOE_FORCE_MARLIN", "VLLM_FUSED_MOE_CHUNK_SIZE", "VLLM_SOME_MOE_KNOB"])
+def test_other_vllm_moe_variables_are_reported_as_no_effect(name):
+    """Any other VLLM_*MOE* variable produces a knob_ignored notice naming it."""
+    settings = _settings({name: "1"})
+    notice = next(n for n in settings.notices if n.name == name)
+    assert notice.event == "moe_policy.knob_ignored"
+    assert notice.origin == f"env:{name}"
+    assert "no effect" in notice.detail
+
+
+def test_flashinfer_backend_without_fp16_switch_is_reported():
+    """VLLM_FLASHINFER_MOE_BACKEND alone has no effect, and we say so."""
+    settings = _settings({"VLLM_FLASHINFER_MOE_BACKEND": "latency"})
+    assert settings.request is None
+    assert [n.name for n in settings.notices] == ["VLLM_FLASHINFER_MOE_BACKEND"]

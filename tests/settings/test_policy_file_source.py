@@ -1,0 +1,111 @@
+"""Policy files: YAML through OmegaConf, positions from the YAML nodes, later files win."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from moe_policy.catalog import load_catalog
+from moe_policy.errors import PolicyError
+from moe_policy.settings import resolve_settings
+
+
+def _settings(*files: Path, environ=None):
+    return resolve_settings(load_catalog(), policy_files=[str(f) for f in files], environ=environ or {})
+
+
+def test_later_file_wins_and_history_keeps_the_beaten_values(tmp_path: Path):
+    """Two files set `mode`; the second wins; the first and the built-in are in the history."""
+    a = tmp_path / "a.yaml"
+    b = tmp_path / "b.yaml"
+    a.write_text("mode: strict\n")
+    b.write_text("version: 1\nmode: warn\n")
+    resolved = _settings(a, b).values["mode"]
+    assert (resolved.value, resolved.origin) == ("warn", f"file:{b}:2:7")
+    assert [(v, o) for v, o, _ in resolved.history] == [
+        ("warn", resolved.history[0][1]), ("strict", f"file:{a}:1:7"),
+    ]
+    assert resolved.history[0][1].startswith("file:configs/default.yaml:")
+
+
+def test_omegaconf_interpolation_is_resolved(tmp_path: Path, monkeypatch):
+    """OmegaConf interpolations (here ${oc.env:...}) resolve when the file loads."""
+    monkeypatch.setenv("SERVING_AUDIT_DIR", "/var/log/moe")
+    f = tmp_path / "p.yaml"
+    f.write_text("audit:\n  path: ${oc.env:SERVING_AUDIT_DIR}/decisions.jsonl\n")
+    assert _settings(f).value("audit.path") == "/var/log/moe/decisions.jsonl"
+
+
+def test_rule_with_same_id_replaces_the_builtin_one(tmp_path: Path):
+    """Reusing a built-in rule id replaces it (e.g. to put it in audit action)."""
+    f = tmp_path / "p.yaml"
+    f.write_text(
+        "rules:\n"
+        "  - id: hopper-demotes-flashinfer\n"
+        "    when: {platform: cuda, device.capability: '9.0'}\n"
+        "    effect: demote\n"
+        "    backends: [flashinfer_trtllm, flashinfer_cutlass]\n"
+        "    reason: audit first\n"
+        "    action: audit\n"
+    )
+    settings = _settings(f)
+    rule = next(r for r in settings.rules if r.id == "hopper-demotes-flashinfer")
+    assert rule.action == "audit" and rule.origin == f"file:{f}:2:5"
+    assert [old.origin.split(":")[1] for old, _new in settings.replaced_rules] == ["configs/default.yaml"]
+
+
+def test_missing_policy_file_names_where_it_was_listed(tmp_path: Path):
+    """A listed file that does not exist is an error naming the list's origin."""
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(PolicyError, match=rf"^env:MOE_POLICY_FILES: policy file '{re.escape(str(missing))}' not found$"):
+        resolve_settings(load_catalog(), environ={"MOE_POLICY_FILES": str(missing)})
+
+
+def test_malformed_yaml_names_file_line_col(tmp_path: Path):
+    """A YAML syntax error is a PolicyError at file:line:col."""
+    f = tmp_path / "bad.yaml"
+    f.write_text("mode: warn\nrules: [\n  {id: x\n")
+    with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(f))}:\d+:\d+: malformed YAML: "):
+        _settings(f)
+
+
+def test_unknown_key_has_did_you_mean(tmp_path: Path):
+    """A misspelt top-level key is an error at its position, with a suggestion."""
+    f = tmp_path / "p.yaml"
+    f.write_text("mode: warn\nbakend: triton\n")
+    with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(f))}:2:1: unknown key 'bakend' \(did you mean 'backend'\?\)"):
+        _settings(f)
+
+
+def test_wrong_type_names_the_key(tmp_path: Path):
+    """A value of the wrong type names the key, the value and the position."""
+    f = tmp_path / "p.yaml"
+    f.write_text("mode: 3\n")
+    with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(f))}:1:7: mode: expected one of warn, strict, got 3$"):
+        _settings(f)
+
+
+def test_unknown_backend_typo(tmp_path: Path):
+    """A misspelt backend name gets a did-you-mean."""
+    f = tmp_path / "p.yaml"
+    f.write_text("backend: flashinfer_cutlas\n")
+    with pytest.raises(PolicyError, match=r"1:10: unknown MoE backend 'flashinfer_cutlas' \(did you mean 'flashinfer_cutlass'\?\)"):
+        _settings(f)
+
+
+def test_rule_condition_on_unknown_context_key(tmp_path: Path):
+    """A condition on a key outside the vocabulary is an error with a suggestion."""
+    f = tmp_path / "p.yaml"
+    f.write_text("rules:\n  - {id: r, when: {paralel.tp: 2}, effect: forbid, backends: [triton], reason: x}\n")
+    with pytest.raises(PolicyError, match=r"2:20: condition on unknown context key 'paralel.tp' \(did you mean 'parallel.tp'\?\)"):
+        _settings(f)
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path: Path):
+    """YAML silently keeps the last duplicate key; we refuse it."""
+    f = tmp_path / "p.yaml"
+    f.write_text("mode: warn\nmode: strict\n")
+    with pytest.raises(PolicyError, match=r"2:1: duplicate key 'mode' \(first defined at line 1\)"):
+        _settings(f)
