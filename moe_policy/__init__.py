@@ -1,9 +1,9 @@
 """moe_policy: declared, explainable, auditable selection of fused-MoE kernel backends.
 
 >>> import moe_policy
->>> d = moe_policy.select_backend("configs/models/mixtral-8x7b-instruct-v0.1.json",
-...                               platform="cuda", capability="9.0")
->>> d.backend, d.outcome.value
+>>> e = moe_policy.explain("configs/models/mixtral-8x7b-instruct-v0.1.json",
+...                        platform="cuda", capability="9.0")
+>>> e.decision.backend, e.decision.outcome.value
 ('triton', 'auto')
 
 Importing the package never imports torch or triton; the kernels live in
