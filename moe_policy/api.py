@@ -25,7 +25,7 @@ from moe_policy.model import ModelFacts, load_model, model_facts_from_mapping
 from moe_policy.origin import Origin
 from moe_policy.passes.feasibility import ExtraCheck
 from moe_policy.platform import PlatformFacts
-from moe_policy.resolve import Resolver
+from moe_policy.resolve import Resolver, relabel
 from moe_policy.settings import Entry, Settings, resolve_settings
 
 ModelLike = str | os.PathLike[str] | Mapping[str, Any] | ModelFacts
@@ -125,7 +125,7 @@ class Selector:
             if audit_path else None
         )
         self._layers: dict[tuple[int | None, str | None], Decision] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def _context_for(self, layer_index: int | None, layer_kind: str | None) -> SelectionContext:
         if layer_index is None and layer_kind is None:
@@ -148,7 +148,12 @@ class Selector:
         decision = self._layers.get(key)
         if decision is None:
             with self._lock:
-                decision = self.resolver.resolve(self._context_for(layer_index, layer_kind))
+                ctx = self._context_for(layer_index, layer_kind)
+                if layer_index is not None and "layer.index" in self.resolver.excluded_keys:
+                    # The index does not decide: reuse the kind's decision, relabelled.
+                    decision = relabel(self.decide(None, layer_kind), ctx)
+                else:
+                    decision = self.resolver.resolve(ctx)
                 self._layers[key] = decision
         return decision
 

@@ -8,10 +8,8 @@ the caller, which warns, or raises when the audit is required.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import socket
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -45,6 +43,9 @@ def rank_info(environ: Mapping[str, str] | None = None) -> tuple[int | None, int
 
 def audit_record(decision: Decision, count: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The decision record plus timestamp, host, pid, rank, world size and repeat count."""
+    import datetime as _dt
+    import socket
+
     rank, world = rank_info()
     record = decision.to_dict()
     record.update({

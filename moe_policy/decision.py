@@ -7,7 +7,6 @@ bumps the version and gets a CHANGELOG entry under "Policy semantics".
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -238,6 +237,8 @@ def _canonical(obj: Any) -> Any:
 
 
 def sha256_hex(text: str) -> str:
+    import hashlib
+
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -264,6 +265,9 @@ class Decision:
     notices: tuple[Notice, ...] = ()
     adaptations: tuple[Adaptation, ...] = ()
     decision_id: str = field(default_factory=new_decision_id)
+    #: Settings that act after the decision (``consistency``, ``audit.path``, ``audit.required``):
+    #: key -> (value, origin). Not decisive, so outside the fingerprint; not in ``to_dict()`` (v1).
+    run_settings: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
 
     def for_layer(self, index: int | None, kind: str | None = None) -> Decision:
         """The same decision relabelled for another layer of the same signature."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,8 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
     >>> did_you_mean("flashinfer_cutlas", ["triton", "flashinfer_cutlass"])
     " (did you mean 'flashinfer_cutlass'?)"
     """
+    import difflib
+
     close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

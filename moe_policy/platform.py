@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,6 +56,9 @@ def _probe_torch_device() -> tuple[str, str | None, str | None] | None:
 
 
 def _probe_nvidia_smi() -> tuple[str, str | None, str | None] | None:
+    import shutil
+    import subprocess
+
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
@@ -84,6 +85,8 @@ def probe() -> PlatformFacts:
         if found is not None:
             platform, cap, name = found
             return PlatformFacts(platform, cap, name, packages, "probe", tuple(problems))
+    import shutil
+
     if shutil.which("rocm-smi") is not None:
         return PlatformFacts("rocm", None, None, packages, "probe", tuple(problems))
     return PlatformFacts("cpu", None, None, packages, "probe", tuple(problems))
