@@ -34,6 +34,9 @@ from moe_policy.passes.request import request_pass
 if TYPE_CHECKING:
     from moe_policy.settings import Settings
 
+#: Settings a Decision carries for what happens after it (agreement check, audit).
+RUN_SETTINGS = ("consistency", "audit.path", "audit.required")
+
 PassBuilder = Callable[[Catalog, "Settings", Mapping[str, ExtraCheck]], Pass]
 
 #: The selection algorithm, in order. Adding a pass = one module + one entry here.
@@ -65,6 +68,10 @@ class Resolver:
         self.excluded_keys = frozenset(
             key for key, spec in CONTEXT_KEYS.items() if spec.rank_local and key not in ruled
         )
+        self.run_settings = {
+            key: (settings.values[key].value, settings.values[key].origin)
+            for key in RUN_SETTINGS if key in settings.values
+        }
         self._cache: dict[str, Decision] = {}
         self.resolutions = 0
 
@@ -137,6 +144,7 @@ class Resolver:
             layer_kind=str(ctx.get("layer.kind") or "moe"),
             layer_index=ctx.get("layer.index"),
             notices=self.settings.notices,
+            run_settings=self.run_settings,
         )
 
 
