@@ -1,0 +1,161 @@
+"""Block sizes for the Triton fused-MoE kernels: a heuristic plus optional tuned JSON files.
+
+One :class:`MoEConfig` per call: ``block_m`` (shared by both GEMMs and the LoRA shrink,
+because they share one alignment) and one :class:`GemmConfig` for each GEMM. For a gated
+GEMM 1, ``block_n`` counts output columns of the activation: the program reads the gate
+and the up rows of those columns, so the MMA is ``2 * block_n`` wide.
+
+Tuned files live in ``experts/configs/E={E},N={I},device_name={name}.json`` (written by
+``benchmarks/tune_triton.py``) and map a token count to a config; the nearest key wins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+#: Folder of tuned config files.
+CONFIG_DIR = Path(__file__).parent / "configs"
+#: Multiprocessors of the part the heuristic was written for (H100/H200).
+_SMS = 132
+#: Shared memory a program may use, bytes (Hopper allows 227 KB; keep a margin).
+_SMEM_LIMIT = 200 * 1024
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and launch parameters of one grouped GEMM."""
+
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Configs of one fused-MoE call; ``block_m`` is shared by both GEMMs."""
+
+    block_m: int
+    gemm1: GemmConfig
+    gemm2: GemmConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, as stored in tuned files."""
+        return {"block_m": self.block_m, "gemm1": asdict(self.gemm1), "gemm2": asdict(self.gemm2)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MoEConfig:
+        """Inverse of :meth:`to_dict`; raises ValueError on unknown or missing keys."""
+        try:
+            return cls(int(d["block_m"]), GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"bad MoE config {d!r}: {exc}") from exc
+
+
+def _pow2_at_most(x: int, cap: int, floor: int = 16) -> int:
+    """Largest power of two <= min(cap, next_pow2(x)), and at least floor."""
+    p = 1
+    while p < x:
+        p *= 2
+    return max(floor, min(cap, p))
+
+
+def _smem_bytes(block_m: int, cfg: GemmConfig, b_tiles: int, elem: int = 2) -> int:
+    return cfg.num_stages * (block_m * cfg.block_k + b_tiles * cfg.block_n * cfg.block_k) * elem
+
+
+def _fit_stages(block_m: int, cfg: GemmConfig, b_tiles: int) -> GemmConfig:
+    stages = cfg.num_stages
+    while stages > 2 and _smem_bytes(block_m, GemmConfig(cfg.block_n, cfg.block_k, cfg.group_m,
+                                                           cfg.num_warps, stages), b_tiles) > _SMEM_LIMIT:  # fmt: skip
+        stages -= 1
+    return GemmConfig(cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, stages)
+
+
+def heuristic_config(
+    num_tokens: int, num_experts: int, top_k: int, hidden: int, inter: int, gated: bool
+) -> MoEConfig:
+    """Batch-aware default: small BLOCK_M for decode, 128-row wgmma tiles for prefill."""
+    pairs = max(1, num_tokens * top_k)
+    per_expert = pairs / num_experts
+    if per_expert <= 16:
+        block_m = 16
+    elif per_expert <= 48:
+        block_m = 32
+    elif per_expert <= 128:
+        block_m = 64
+    else:
+        block_m = 128
+    # expected non-empty blocks, used to keep enough programs in flight at decode
+    active = min(num_experts, pairs)
+    blocks = max(1, active, pairs // block_m)
+    b1 = 2 if gated else 1
+    if block_m >= 64:
+        big = block_m == 128
+        g1 = GemmConfig(128 if gated else 256, 64, 8, 8, 4) if big else GemmConfig(64 if gated else 128, 64, 8, 4, 4)
+        g2 = GemmConfig(256, 64, 8, 8, 4) if big else GemmConfig(128, 64, 8, 4, 4)
+    else:
+        # memory-bound: narrow N tiles until there are ~4 programs per multiprocessor
+        def narrow(n: int, b_tiles: int) -> int:
+            bn = 128 // b_tiles
+            while bn > 32 and blocks * -(-n // bn) < 4 * _SMS:
+                bn //= 2
+            return bn
+
+        g1 = GemmConfig(narrow(inter, b1), 128, 1, 4, 5)
+        g2 = GemmConfig(narrow(hidden, 1), 128, 1, 4, 5)
+    g1 = GemmConfig(
+        _pow2_at_most(inter, g1.block_n), _pow2_at_most(hidden, g1.block_k),
+        g1.group_m, g1.num_warps, g1.num_stages,
+    )  # fmt: skip
+    g2 = GemmConfig(
+        _pow2_at_most(hidden, g2.block_n), _pow2_at_most(inter, g2.block_k),
+        g2.group_m, g2.num_warps, g2.num_stages,
+    )  # fmt: skip
+    return MoEConfig(block_m, _fit_stages(block_m, g1, b1), _fit_stages(block_m, g2, 1))
+
+
+def normalize_device_name(name: str) -> str:
+    """CUDA device name -> file-name form (spaces to '_'; any H200 variant -> NVIDIA_H200)."""
+    if "H200" in name:
+        return "NVIDIA_H200"
+    return name.strip().replace(" ", "_")
+
+
+def config_file_name(num_experts: int, inter: int, device_name: str) -> str:
+    """File name of the tuned configs for (E, N = intermediate size, device)."""
+    return f"E={num_experts},N={inter},device_name={normalize_device_name(device_name)}.json"
+
+
+@lru_cache(maxsize=64)
+def load_tuned(num_experts: int, inter: int, device_name: str) -> dict[int, MoEConfig] | None:
+    """Tuned configs keyed by token count, or None when no file exists."""
+    path = CONFIG_DIR / config_file_name(num_experts, inter, device_name)
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    table = raw.get("configs", raw)
+    return {int(m): MoEConfig.from_dict(c) for m, c in table.items()}
+
+
+def get_config(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    inter: int,
+    gated: bool,
+    device_name: str | None = None,
+) -> MoEConfig:
+    """Tuned config nearest to ``num_tokens`` when a file exists, else the heuristic."""
+    if device_name:
+        table = load_tuned(num_experts, inter, device_name)
+        if table:
+            key = min(table, key=lambda m: (abs(m - num_tokens), m))
+            return table[key]
+    return heuristic_config(num_tokens, num_experts, top_k, hidden, inter, gated)

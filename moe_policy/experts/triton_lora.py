@@ -1,0 +1,215 @@
+"""Multi-adapter LoRA for the Triton fused MoE: a shrink kernel and an expand fused into the GEMMs.
+
+Math, per (token, slot) pair ``i`` with token ``t = i // k``, expert ``e`` and adapter slot
+``l = token_lora_mapping[t]`` (``-1`` or a disabled slot = no adapter)::
+
+    shrink:  u[s, i, :] = A[s, l, e] @ a_i                 # [R]; a_i = x[t] (w13) or act row i (w2)
+    expand:  acc[i, n] += sum_r u[s, i, r] * B[s, l, e, n, r]   # inside the GEMM epilogue
+
+Layout (``lora.py``): ``w13_a [S, L, E, R, H]``, ``w13_b [S, L, E, I, R]``, ``w2_a [L, E, R, I]``,
+``w2_b [L, E, H, R]``; ``enabled [L]`` int32; ``u`` is ``[S, numel, R]`` float32. The shrink
+reuses the MoE alignment (blocks of one expert); grid axis 1 is the adapter slot, and a program
+only touches the rows of its slot, so several adapters mix in one block. Rows without an adapter
+are never written in ``u`` and never read: their delta is exactly zero.
+
+Limits: ``S`` in {1, 2}; rank ``R`` <= 128 (padded to a power of two >= 16 in registers);
+the expand adds ``u`` (cast to the compute dtype) times ``B`` with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from moe_policy.experts.align import block_pairs
+
+#: Largest supported max rank.
+MAX_RANK = 128
+
+
+@triton.jit
+def lora_slots(
+    pairs,
+    pair_mask,
+    # pointers
+    lora_map_ptr,  # [T] int32 slot per token
+    lora_enabled_ptr,  # [L] int32
+    # constexpr
+    TOP_K: tl.constexpr,  # pairs per token
+):
+    """Adapter slot of each pair row, ``-1`` when none or disabled."""
+    slot = tl.load(lora_map_ptr + pairs // TOP_K, mask=pair_mask, other=-1)
+    on = tl.load(lora_enabled_ptr + slot, mask=slot >= 0, other=0)
+    return tl.where(on != 0, slot, -1)
+
+
+@triton.jit
+def lora_expand_tile(
+    acc,
+    slot,
+    pairs,
+    offs_n,
+    expert,
+    # pointers
+    u_ptr,  # [numel, R] float32 shrink output of this slice
+    lb_ptr,  # B of this slice, [L, E, N, R]
+    # sizes
+    num_slots,
+    rank,
+    # strides
+    stride_um,
+    stride_ur,
+    stride_lbl,
+    stride_lbe,
+    stride_lbn,
+    stride_lbr,
+    # constexpr
+    BLOCK_R: tl.constexpr,
+    DTYPE: tl.constexpr,  # compute dtype of the dot
+):
+    """``acc + u @ B[slot, expert]^T`` for the rows that have an adapter (others unchanged)."""
+    # shrink output of the rows that have an adapter
+    offs_r = tl.arange(0, BLOCK_R)
+    r_mask = offs_r < rank
+    u = tl.load(
+        u_ptr + pairs.to(tl.int64)[:, None] * stride_um + offs_r[None, :] * stride_ur,
+        mask=(slot >= 0)[:, None] & r_mask[None, :],
+        other=0.0,
+    )
+    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + offs_r[:, None] * stride_lbr
+    b_ptrs += offs_n[None, :] * stride_lbn
+    # one small dot per adapter present in the block
+    for l in range(0, num_slots):
+        sel = slot == l
+        if tl.sum(sel.to(tl.int32), 0) > 0:
+            u_l = tl.where(sel[:, None], u, 0.0).to(DTYPE)
+            b_l = tl.load(b_ptrs + l * stride_lbl, mask=r_mask[:, None], other=0.0).to(DTYPE)
+            acc = tl.dot(u_l, b_l, acc)
+    return acc
+
+
+@triton.jit(do_not_specialize=["numel", "rank"])
+def _lora_shrink_kernel(
+    # pointers
+    a_ptr,  # activations: x [T, K] (w13) or act [numel, K] (w2)
+    la_ptr,  # A: [S, L, E, R, K]
+    u_ptr,  # out: [S, numel, R] float32
+    topk_ids_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    lora_map_ptr,
+    lora_enabled_ptr,
+    # sizes
+    K,
+    numel,
+    num_experts,
+    rank,
+    # strides (elements between neighbours along each dimension)
+    stride_am,
+    stride_ak,
+    stride_las,
+    stride_lal,
+    stride_lae,
+    stride_lar,
+    stride_lak,
+    stride_us,
+    stride_um,
+    stride_ur,
+    # constexpr
+    A_ROW_DIV: tl.constexpr,  # activation row = pair // A_ROW_DIV (top_k for x, 1 for act)
+    TOP_K: tl.constexpr,  # pairs per token (for the token -> slot mapping)
+    NUM_SLICES: tl.constexpr,
+    NAIVE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """u[s, rows of slot l in block] = a[rows] @ A[s, l, expert]^T."""
+    # block -> pairs and expert; exit when nothing of slot l is here
+    pid_m = tl.program_id(0)
+    l = tl.program_id(1)
+    pairs, expert, live = block_pairs(
+        pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, topk_ids_ptr,
+        numel, num_experts, BLOCK_M, NAIVE,
+    )  # fmt: skip
+    if not live:
+        return
+    pair_mask = pairs < numel
+    slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
+    rows = pair_mask & (slot == l)
+    if tl.sum(rows.to(tl.int32), 0) == 0:
+        return
+    # pointers to the activation rows and to A[s, l, expert] read as [K, R]
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R)
+    r_mask = offs_r < rank
+    a_rows = (pairs // A_ROW_DIV).to(tl.int64)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    la_ptrs = la_ptr + l * stride_lal + expert.to(tl.int64) * stride_lae
+    la_ptrs += offs_r[None, :] * stride_lar + offs_k[:, None] * stride_lak
+    # accumulate over K in fp32, one accumulator per slice
+    acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for kk in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - kk * BLOCK_K
+        a = tl.load(a_ptrs, mask=rows[:, None] & k_mask[None, :], other=0.0)
+        w0 = tl.load(la_ptrs, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
+        acc0 = tl.dot(a, w0.to(a.dtype), acc0)
+        if NUM_SLICES == 2:
+            w1 = tl.load(la_ptrs + stride_las, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
+            acc1 = tl.dot(a, w1.to(a.dtype), acc1)
+        a_ptrs += BLOCK_K * stride_ak
+        la_ptrs += BLOCK_K * stride_lak
+    # store the rows of this slot
+    u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um + offs_r[None, :] * stride_ur
+    u_mask = rows[:, None] & r_mask[None, :]
+    tl.store(u_ptrs, acc0, mask=u_mask)
+    if NUM_SLICES == 2:
+        tl.store(u_ptrs + stride_us, acc1, mask=u_mask)
+
+
+def lora_shrink(
+    a: torch.Tensor,
+    lora_a: torch.Tensor,
+    *,
+    topk_ids: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_padded: torch.Tensor,
+    lora_map: torch.Tensor,
+    lora_enabled: torch.Tensor,
+    num_blocks: int,
+    block_m: int,
+    naive: bool,
+    a_row_div: int,
+) -> torch.Tensor:
+    """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]) for every pair; returns u [S, numel, R] fp32."""
+    if lora_a.dim() != 5:
+        raise ValueError(f"lora_a must be [S, L, E, R, K], got shape {tuple(lora_a.shape)}")
+    s, slots, num_experts, rank, k_dim = lora_a.shape
+    if a.dim() != 2 or a.shape[1] != k_dim:
+        raise ValueError(
+            f"activations {tuple(a.shape)} do not match lora_a {tuple(lora_a.shape)} (K={k_dim})"
+        )
+    if s not in (1, 2) or rank > MAX_RANK:
+        raise ValueError(f"lora_a has {s} slices and rank {rank}; expected 1-2 and <= {MAX_RANK}")
+    top_k = topk_ids.shape[1]
+    numel = topk_ids.numel()
+    u = torch.empty(s, numel, rank, dtype=torch.float32, device=a.device)
+    if numel == 0 or slots == 0:
+        return u
+    block_r = max(16, triton.next_power_of_2(rank))
+    block_k = max(16, min(128, triton.next_power_of_2(k_dim)))
+    _lora_shrink_kernel[(num_blocks, slots)](
+        a, lora_a, u, topk_ids, sorted_ids, expert_ids, num_padded, lora_map, lora_enabled,
+        k_dim, numel, num_experts, rank,
+        a.stride(0), a.stride(1),
+        lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3), lora_a.stride(4),
+        u.stride(0), u.stride(1), u.stride(2),
+        A_ROW_DIV=a_row_div, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
+        BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k,
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return u

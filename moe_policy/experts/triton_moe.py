@@ -1,0 +1,549 @@
+"""Triton fused MoE, standard ``[T, H]`` format, with optional multi-adapter LoRA.
+
+Math, per token ``t`` and routed slot ``j`` (pair ``i = t*k + j``, expert ``e``, weight ``w``)::
+
+    h      = W13[e] x[t] + dLoRA13            (x w + ... when the weight is on the input)
+    a_i    = act(h + b13[e])                  GEMM 1, activation fused in its epilogue
+    y_i    = w * (W2[e] a_i + b2[e] + dLoRA2) GEMM 2, router weight fused in its epilogue
+    out[t] = sum_j y_{t*k+j}                  top-k sum (deterministic, fixed order)
+
+Pipeline: ``moe_align`` (pairs grouped by expert, padded to BLOCK_M; skipped for tiny batches,
+where block ``b`` holds pair ``b`` alone) -> [LoRA shrink of x] -> GEMM 1 + activation
+(+ LoRA expand) -> [LoRA shrink of a] -> GEMM 2 + bias + weight (+ LoRA expand) -> top-k sum
+(skipped when k = 1: GEMM 2 then writes the output).
+
+Weight layout expected by the kernels (``TritonExperts.convert_weights`` produces it from the
+common layout): ``w13 [E, N1, H]`` with the gate rows ``0..I-1`` first and the up rows
+``I..2I-1`` next (``swigluoai``'s interleaved rows are split into these halves), or
+``[E, I, H]`` non-gated; ``w2 [E, H, I]``; biases ``[E, N1]`` and ``[E, H]``. A gated GEMM-1
+program loads the gate and the up tile of the same columns, so the activation is applied in
+registers and only ``[numel, I]`` is written.
+
+Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
+synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
+captured in a CUDA graph. Workspace: ``[T*k, I]`` + ``[T*k, H]`` in the compute dtype (the
+second is skipped when k = 1), plus ``[S+1, T*k, R]`` fp32 with LoRA.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from moe_policy.experts.align import block_pairs, max_blocks_for, moe_align
+from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
+from moe_policy.experts.lora import MoELoRAContext
+from moe_policy.experts.triton_config import MoEConfig, get_config
+from moe_policy.experts.triton_lora import MAX_RANK, lora_expand_tile, lora_shrink, lora_slots
+
+#: Activation codes of the GEMM-1 epilogue (0 = none, used by GEMM 2).
+ACTIVATION_CODES = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu2": 4, "swigluoai": 5}
+#: Router-weight position codes: not applied / before the bias (on input) / after it (on output).
+_WEIGHT_NONE, _WEIGHT_INPUT, _WEIGHT_OUTPUT = 0, 1, 2
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _apply_act(g, u, ACT: tl.constexpr, GATED: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    """Activation in fp32: ``act(g) * u`` gated, ``act(g)`` non-gated."""
+    if ACT == 5:
+        g = tl.minimum(g, LIMIT)
+        u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
+        out = (u + 1.0) * g * tl.sigmoid(ALPHA * g)
+    else:
+        if ACT == 1:
+            y = g * tl.sigmoid(g)
+        elif ACT == 2:
+            y = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+        elif ACT == 3:
+            inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+            y = g * tl.sigmoid(2.0 * inner)  # 0.5 * (1 + tanh(z)) == sigmoid(2 z)
+        else:
+            r = tl.maximum(g, 0.0)
+            y = r * r
+        if GATED:
+            out = y * u
+        else:
+            out = y
+    return out
+
+
+@triton.jit(do_not_specialize=["numel", "num_blocks", "num_slots", "lora_rank"])
+def _moe_gemm_kernel(
+    # pointers
+    a_ptr,  # A: x [T, K] (GEMM 1; row = pair // A_ROW_DIV) or act [numel, K] (GEMM 2)
+    b_ptr,  # B: weights [E, N_B, K]; gated GEMM 1 reads rows n (gate) and N + n (up)
+    c_ptr,  # C: [numel or T, N] output, one row per pair (or token when k == 1)
+    bias_ptr,  # [E, N_B] (HAS_BIAS)
+    topk_w_ptr,  # [numel] router weights
+    topk_ids_ptr,  # [numel] experts (NAIVE mode)
+    sorted_ids_ptr,  # alignment: pairs grouped by expert
+    expert_ids_ptr,  # alignment: expert of each block
+    num_padded_ptr,  # alignment: rows in use
+    lora_u_ptr,  # [S, numel, R] fp32 shrink output (HAS_LORA)
+    lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
+    lora_map_ptr,  # [T] int32 slot per token
+    lora_enabled_ptr,  # [L] int32
+    # sizes
+    N,
+    K,
+    numel,
+    num_experts,
+    num_blocks,  # static bound on M blocks (grid rows)
+    num_slots,
+    lora_rank,
+    # strides (elements between neighbours along each dimension)
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bn,
+    stride_bk,
+    stride_cm,
+    stride_cn,
+    stride_bias_e,
+    stride_bias_n,
+    stride_us,
+    stride_um,
+    stride_ur,
+    stride_lbs,
+    stride_lbl,
+    stride_lbe,
+    stride_lbn,
+    stride_lbr,
+    # constexpr
+    A_ROW_DIV: tl.constexpr,  # top_k for GEMM 1 (rows of x), 1 for GEMM 2
+    C_ROW_DIV: tl.constexpr,  # 1: C row = pair; top_k (= 1) for direct output
+    TOP_K: tl.constexpr,  # pairs per token (LoRA token mapping)
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,  # ACTIVATION_CODES value, 0 = none
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    WEIGHT_POS: tl.constexpr,  # 0 none, 1 before bias (on input), 2 after bias (on output)
+    HAS_BIAS: tl.constexpr,
+    HAS_LORA: tl.constexpr,
+    NAIVE: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
+    # program -> (block of pairs, N tile), grouped so that GROUP_M blocks share B tiles in L2
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_blocks - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    pairs, expert, live = block_pairs(
+        pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, topk_ids_ptr,
+        numel, num_experts, BLOCK_M, NAIVE,
+    )  # fmt: skip
+    if not live:
+        return
+    pair_mask = pairs < numel
+
+    # pointers: A rows of this block, B tile [BLOCK_K, BLOCK_N] of this expert (N wrapped)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    a_rows = (pairs // A_ROW_DIV).to(tl.int64)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + expert.to(tl.int64) * stride_be
+    b_ptrs += offs_bn[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    up_off = N * stride_bn
+
+    # main loop: fp32 accumulators (gate and up for gated GEMM 1)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_mask = offs_k < K - kk * BLOCK_K
+            a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
+        acc = tl.dot(a, b, acc)
+        if GATED:
+            if EVEN_K:
+                b_u = tl.load(b_ptrs + up_off)
+            else:
+                b_u = tl.load(b_ptrs + up_off, mask=k_mask[:, None], other=0.0)
+            acc_u = tl.dot(a, b_u, acc_u)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # epilogue 1: LoRA delta (rows with an adapter only)
+    if HAS_LORA:
+        slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
+        acc = lora_expand_tile(
+            acc, slot, pairs, offs_bn, expert, lora_u_ptr, lora_b_ptr, num_slots, lora_rank,
+            stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+            BLOCK_R, b_ptr.dtype.element_ty,
+        )  # fmt: skip
+        if GATED:
+            acc_u = lora_expand_tile(
+                acc_u, slot, pairs, offs_bn, expert, lora_u_ptr + stride_us,
+                lora_b_ptr + stride_lbs, num_slots, lora_rank,
+                stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, b_ptr.dtype.element_ty,
+            )  # fmt: skip
+
+    # epilogue 2: router weight, bias, activation (the order of the reference)
+    if WEIGHT_POS != 0:
+        w = tl.load(topk_w_ptr + pairs, mask=pair_mask, other=0.0).to(tl.float32)
+    if WEIGHT_POS == 1:
+        acc = acc * w[:, None]
+        acc_u = acc_u * w[:, None]
+    if HAS_BIAS:
+        bias_ptrs = bias_ptr + expert.to(tl.int64) * stride_bias_e + offs_bn * stride_bias_n
+        acc += tl.load(bias_ptrs).to(tl.float32)[None, :]
+        if GATED:
+            acc_u += tl.load(bias_ptrs + N * stride_bias_n).to(tl.float32)[None, :]
+    if ACT != 0:
+        acc = _apply_act(acc, acc_u, ACT, GATED, ALPHA, LIMIT)
+    if WEIGHT_POS == 2:
+        acc = acc * w[:, None]
+
+    # store the rows of real pairs
+    c_rows = (pairs // C_ROW_DIV).to(tl.int64)
+    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_mask = pair_mask[:, None] & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _moe_sum_kernel(
+    # pointers
+    c_ptr,  # [T, TOP_K, H] weighted expert outputs
+    topk_ids_ptr,  # [T, TOP_K] (pairs of experts outside [0, E) are skipped)
+    out_ptr,  # [T, H]
+    # sizes
+    H,
+    num_experts,
+    # strides
+    stride_ct,
+    stride_ck,
+    stride_ch,
+    stride_ot,
+    stride_oh,
+    # constexpr
+    TOP_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """out[t, h] = sum_j c[t, j, h] over valid slots, in slot order (fp32)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        e = tl.load(topk_ids_ptr + t * TOP_K + j)
+        h_lim = H * ((e >= 0) & (e < num_experts)).to(tl.int32)  # 0 skips an invalid slot
+        v = tl.load(c_ptr + t * stride_ct + j * stride_ck + offs_h * stride_ch, mask=offs_h < h_lim, other=0.0)
+        acc += v.to(tl.float32)
+    tl.store(out_ptr + t * stride_ot + offs_h * stride_oh, acc.to(out_ptr.dtype.element_ty), mask=h_mask)
+
+
+@lru_cache(maxsize=16)
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def _config_device_name(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    return _device_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _check_lora(lora: MoELoRAContext, t: int, e: int, h: int, i: int, gated: bool) -> None:
+    ad = lora.adapters
+    s = 2 if gated else 1
+    shapes = (tuple(ad.w13_a.shape), tuple(ad.w13_b.shape), tuple(ad.w2_a.shape), tuple(ad.w2_b.shape))
+    if ad.w13_a.dim() != 5:
+        raise ValueError(f"LoRA w13_a must be [S, L, E, R, H], got {shapes[0]}")
+    _, slots, _, r, _ = ad.w13_a.shape
+    want = ((s, slots, e, r, h), (s, slots, e, i, r), (slots, e, r, i), (slots, e, h, r))
+    _check(
+        shapes == want,
+        f"LoRA shapes (w13_a, w13_b, w2_a, w2_b) {shapes} do not match the layer; "
+        f"expected {want} (S={s}, L={slots}, E={e}, R={r}, H={h}, I={i})",
+    )
+    _check(r <= MAX_RANK, f"LoRA max rank {r} exceeds {MAX_RANK}")
+    m = lora.token_lora_mapping
+    _check(
+        m.dim() == 1 and m.shape[0] == t and m.dtype == torch.int32 and m.is_contiguous(),
+        f"token_lora_mapping must be contiguous int32 [T={t}], got shape {tuple(m.shape)} "
+        f"dtype {m.dtype} strides {m.stride()}",
+    )
+    en = ad.enabled
+    _check(
+        en.dim() == 1 and en.shape[0] == slots and en.dtype == torch.int32,
+        f"enabled must be int32 [L={slots}], got shape {tuple(en.shape)} dtype {en.dtype}",
+    )
+
+
+def fused_moe_triton(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    gated: bool = True,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    apply_router_weight_on_input: bool = False,
+    lora: MoELoRAContext | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+    config: MoEConfig | None = None,
+    naive: bool | None = None,
+) -> torch.Tensor:
+    """Fused MoE on ``x`` [T, H] with w13 in gate-first layout; returns [T, H] in x.dtype."""
+    # check shapes, dtypes and strides
+    _check(x.dim() == 2 and w13.dim() == 3 and w2.dim() == 3,
+           f"expected x [T, H], w13 [E, N1, H], w2 [E, H, I]; got x {tuple(x.shape)}, "
+           f"w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")  # fmt: skip
+    t, h = x.shape
+    e, n1, h13 = w13.shape
+    i = w2.shape[2]
+    want_n1 = 2 * i if gated else i
+    _check(
+        h13 == h and n1 == want_n1 and tuple(w2.shape[:2]) == (e, h),
+        f"shape mismatch: x {tuple(x.shape)}, w13 {tuple(w13.shape)} (want [E, {want_n1}, {h}]), "
+        f"w2 {tuple(w2.shape)} (want [{e}, {h}, I])",
+    )
+    _check(
+        x.dtype in _DTYPES and w13.dtype == x.dtype and w2.dtype == x.dtype,
+        f"x, w13, w2 must share one of {_DTYPES}; got {x.dtype}, {w13.dtype}, {w2.dtype}",
+    )
+    _check(x.stride(1) == 1, f"x must have unit stride along H, got strides {x.stride()}")
+    _check(
+        topk_ids.dim() == 2 and topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == t
+        and topk_ids.dtype in (torch.int32, torch.int64) and topk_weights.is_floating_point()
+        and topk_ids.is_contiguous() and topk_weights.is_contiguous(),
+        f"topk_ids/topk_weights must be contiguous [T={t}, k] int and float; got "
+        f"{tuple(topk_ids.shape)} {topk_ids.dtype} strides {topk_ids.stride()}, "
+        f"{tuple(topk_weights.shape)} {topk_weights.dtype} strides {topk_weights.stride()}",
+    )  # fmt: skip
+    _check(e <= 1024, f"at most 1024 experts are supported, got {e}")
+    act = ACTIVATION_CODES.get(activation)
+    _check(
+        act is not None and (activation != "swigluoai" or gated) and (activation != "relu2" or not gated),
+        f"activation {activation!r} with gated={gated} is not supported",
+    )
+    if w13_bias is not None or w2_bias is not None:
+        _check(
+            w13_bias is not None and w2_bias is not None
+            and tuple(w13_bias.shape) == (e, n1) and tuple(w2_bias.shape) == (e, h),
+            f"biases must both be given as [E, N1]=[{e}, {n1}] and [E, H]=[{e}, {h}]; got "
+            f"{None if w13_bias is None else tuple(w13_bias.shape)}, "
+            f"{None if w2_bias is None else tuple(w2_bias.shape)}",
+        )  # fmt: skip
+    if lora is not None:
+        _check_lora(lora, t, e, h, i, gated)
+    k = topk_ids.shape[1]
+    numel = t * k
+    out = torch.empty(t, h, dtype=x.dtype, device=x.device) if k > 1 else torch.zeros(
+        t, h, dtype=x.dtype, device=x.device
+    )
+    if numel == 0:
+        return out
+
+    # routing: align pairs by expert, or one pair per block for tiny batches
+    cfg = config or get_config(t, e, k, h, i, gated, _config_device_name(x.device))
+    bm = cfg.block_m
+    if naive is None:
+        naive = numel * 4 <= e
+    if naive:
+        num_blocks = numel
+        sorted_ids = expert_ids = num_padded = topk_ids  # unused placeholders
+    else:
+        routing = moe_align(topk_ids, e, bm)
+        num_blocks = routing.max_blocks
+        sorted_ids, expert_ids, num_padded = routing.sorted_ids, routing.expert_ids, routing.num_padded
+    route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded)
+
+    # LoRA: shrink of x for every w13 slice
+    has_lora = lora is not None
+    if lora is not None:
+        ad = lora.adapters
+        lmap, len_, slots, rank = lora.token_lora_mapping, ad.enabled, ad.num_slots, ad.max_rank
+        shrink_args = dict(
+            topk_ids=topk_ids, sorted_ids=sorted_ids, expert_ids=expert_ids,
+            num_padded=num_padded, lora_map=lmap, lora_enabled=len_,
+            num_blocks=num_blocks, block_m=bm, naive=naive,
+        )  # fmt: skip
+        u13 = lora_shrink(x, ad.w13_a, a_row_div=k, **shrink_args)  # type: ignore[arg-type]
+        lb13 = ad.w13_b
+    else:
+        lmap = len_ = topk_ids
+        slots, rank = 0, 1
+        u13 = lb13 = x
+    block_r = max(16, triton.next_power_of_2(rank))
+
+    # GEMM 1 + activation -> act [numel, I]
+    act_out = torch.empty(numel, i, dtype=x.dtype, device=x.device)
+    g1 = cfg.gemm1
+    bias1 = w13_bias if w13_bias is not None else x
+    common = dict(
+        NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, TOP_K=k,
+        ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit),
+    )  # fmt: skip
+    _moe_gemm_kernel[(num_blocks * triton.cdiv(i, g1.block_n),)](
+        x, w13, act_out, bias1, *route, u13, lb13, lmap, len_,
+        i, h, numel, e, num_blocks, slots, rank,
+        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
+        act_out.stride(0), act_out.stride(1),
+        bias1.stride(0) if w13_bias is not None else 0, bias1.stride(1) if w13_bias is not None else 0,
+        *(_lora_u_strides(u13) if has_lora else (0, 0, 0)),
+        *(lb13.stride() if has_lora else (0, 0, 0, 0, 0)),
+        A_ROW_DIV=k, C_ROW_DIV=1, GATED=gated, ACT=act,
+        WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
+        HAS_BIAS=w13_bias is not None, HAS_LORA=has_lora, EVEN_K=h % g1.block_k == 0,
+        BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=g1.group_m,
+        num_warps=g1.num_warps, num_stages=g1.num_stages, **common,
+    )  # fmt: skip
+
+    # LoRA: shrink of the activation for w2
+    if lora is not None:
+        u2 = lora_shrink(act_out, lora.adapters.w2_a.unsqueeze(0), a_row_div=1, **shrink_args)  # type: ignore[arg-type]
+        lb2 = lora.adapters.w2_b.unsqueeze(0)
+    else:
+        u2 = lb2 = x
+
+    # GEMM 2 + bias + router weight -> [numel, H], or the output directly when k == 1
+    direct = k == 1
+    c2 = out if direct else torch.empty(numel, h, dtype=x.dtype, device=x.device)
+    g2 = cfg.gemm2
+    bias2 = w2_bias if w2_bias is not None else x
+    _moe_gemm_kernel[(num_blocks * triton.cdiv(h, g2.block_n),)](
+        act_out, w2, c2, bias2, *route, u2, lb2, lmap, len_,
+        h, i, numel, e, num_blocks, slots, rank,
+        act_out.stride(0), act_out.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
+        c2.stride(0), c2.stride(1),
+        bias2.stride(0) if w2_bias is not None else 0, bias2.stride(1) if w2_bias is not None else 0,
+        *(_lora_u_strides(u2) if has_lora else (0, 0, 0)),
+        *(lb2.stride() if has_lora else (0, 0, 0, 0, 0)),
+        A_ROW_DIV=1, C_ROW_DIV=1, GATED=False, ACT=0,
+        WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
+        HAS_BIAS=w2_bias is not None, HAS_LORA=has_lora, EVEN_K=i % g2.block_k == 0,
+        BLOCK_N=g2.block_n, BLOCK_K=g2.block_k, GROUP_M=g2.group_m,
+        num_warps=g2.num_warps, num_stages=g2.num_stages, **common,
+    )  # fmt: skip
+    if direct:
+        return out
+
+    # top-k sum in slot order
+    block_h = min(1024, triton.next_power_of_2(h))
+    c3 = c2.view(t, k, h)
+    _moe_sum_kernel[(t, triton.cdiv(h, block_h))](
+        c3, topk_ids, out, h, e,
+        c3.stride(0), c3.stride(1), c3.stride(2), out.stride(0), out.stride(1),
+        TOP_K=k, BLOCK_H=block_h, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def _lora_u_strides(u: torch.Tensor) -> tuple[int, int, int]:
+    return u.stride(0), u.stride(1), u.stride(2)
+
+
+def _deinterleave_rows(w: torch.Tensor) -> torch.Tensor:
+    """Even rows (gate) then odd rows (up) along dim 1."""
+    return torch.cat([w[:, 0::2], w[:, 1::2]], dim=1).contiguous()
+
+
+class TritonExperts(FusedMoEExperts):
+    """Triton fused MoE (standard format) with multi-adapter LoRA; CUDA-graph capturable."""
+
+    backend = "triton"
+    activation_format = "standard"
+    supports_lora = True
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str | None]:
+        """Needs a CUDA device (or Triton's interpreter, TRITON_INTERPRET=1)."""
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+            return True, None
+        return False, "no CUDA device and TRITON_INTERPRET is not set"
+
+    def __init__(
+        self,
+        config: ExpertsConfig,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+        *,
+        tile_config: MoEConfig | None = None,
+    ) -> None:
+        super().__init__(config, w13, w2, w13_bias, w2_bias)
+        self.tile_config = tile_config
+
+    @staticmethod
+    def convert_weights(
+        config: ExpertsConfig,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        """Common layout -> gate-first w13 (swigluoai de-interleaved); inputs untouched."""
+        c = config
+        e, h, i, n1 = c.num_experts, c.hidden_size, c.intermediate_size, c.w13_rows
+        _check(
+            tuple(w13.shape) == (e, n1, h) and tuple(w2.shape) == (e, h, i),
+            f"weights w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)} do not match the config: "
+            f"want [{e}, {n1}, {h}] and [{e}, {h}, {i}]",
+        )
+        if c.has_bias:
+            _check(
+                w13_bias is not None and w2_bias is not None
+                and tuple(w13_bias.shape) == (e, n1) and tuple(w2_bias.shape) == (e, h),
+                f"has_bias=True needs w13_bias [{e}, {n1}] and w2_bias [{e}, {h}]",
+            )  # fmt: skip
+        interleaved = c.activation == "swigluoai"
+        if interleaved:
+            w13 = _deinterleave_rows(w13)
+            if w13_bias is not None:
+                w13_bias = _deinterleave_rows(w13_bias.unsqueeze(-1)).squeeze(-1)
+        return {
+            "w13": w13.contiguous(),
+            "w2": w2.contiguous(),
+            "w13_bias": None if w13_bias is None else w13_bias.contiguous(),
+            "w2_bias": None if w2_bias is None else w2_bias.contiguous(),
+        }
+
+    def apply(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        lora: MoELoRAContext | None = None,
+    ) -> torch.Tensor:
+        """Run the routed experts on ``x`` [T, H]; returns [T, H] in ``x.dtype``."""
+        c, wt = self.config, self.weights
+        return fused_moe_triton(
+            x, wt["w13"], wt["w2"], topk_weights, topk_ids,
+            activation=c.activation, gated=c.gated,
+            w13_bias=wt["w13_bias"], w2_bias=wt["w2_bias"],
+            apply_router_weight_on_input=c.apply_router_weight_on_input,
+            lora=lora, swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit,
+            config=self.tile_config,
+        )  # fmt: skip

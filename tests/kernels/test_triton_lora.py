@@ -1,0 +1,162 @@
+"""Multi-adapter LoRA in the Triton fused MoE against the torch reference.
+
+Mappings all-same / round-robin / some -1 / none, a disabled slot, ranks below the max rank
+(zero-padded), gated, non-gated and interleaved swigluoai; tokens without an adapter must get
+exactly the base output.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from conftest import ON_GPU, dtypes_for_device  # noqa: E402
+from moe_cases import (  # noqa: E402
+    lora_context,
+    lora_mapping,
+    make_lora,
+    make_routing,
+    make_weights,
+    make_x,
+    rel_err,
+)
+
+from moe_policy.experts.align import moe_align  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig  # noqa: E402
+from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
+from moe_policy.experts.triton_lora import lora_shrink  # noqa: E402
+from moe_policy.experts.triton_moe import TritonExperts, fused_moe_triton  # noqa: E402
+
+#: As in test_triton_moe; bf16 also rounds the shrink output to bf16 before the expand.
+REL_TOL = {torch.float32: 1e-3 if ON_GPU else 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+#: fp32 shrink against a float64 matmul (tf32 dots on a GPU).
+SHRINK_TOL = {torch.float32: 2e-3 if ON_GPU else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _ref(cfg, wts, x, tw, ti, lora):
+    d = lambda t: None if t is None else t.double()  # noqa: E731
+    return fused_moe_reference(
+        x.double(), d(wts["w13"]), d(wts["w2"]), tw.double(), ti,
+        activation=cfg.activation, gated=cfg.gated, w13_bias=d(wts["w13_bias"]),
+        w2_bias=d(wts["w2_bias"]), apply_router_weight_on_input=cfg.apply_router_weight_on_input,
+        lora=lora,
+    )  # fmt: skip
+
+
+def _double_lora(ctx):
+    ad = ctx.adapters
+    cast = type(ad)(ad.w13_a.double(), ad.w13_b.double(), ad.w2_a.double(), ad.w2_b.double(), ad.enabled)
+    return lora_context(cast, ctx.token_lora_mapping)
+
+
+CASES = [
+    # id, config, T, mapping, ranks (max rank 16), disabled slots
+    ("gated-same", ExpertsConfig(8, 64, 32, 2, "silu"), 9, "same", [16], ()),
+    ("gated-round-robin", ExpertsConfig(8, 64, 48, 2, "silu"), 21, "round_robin", [16, 8, 16], ()),
+    ("gated-some-none-disabled", ExpertsConfig(8, 48, 32, 6, "gelu"), 13, "some_none", [8, 16, 4], (1,)),
+    ("nongated-relu2-rr", ExpertsConfig(8, 64, 48, 6, "relu2", gated=False), 11, "round_robin", [16, 8, 8], ()),
+    ("nongated-k1-some-none", ExpertsConfig(4, 32, 64, 1, "silu", gated=False), 26, "some_none", [4, 16, 8], (2,)),
+    ("swigluoai-bias-rr", ExpertsConfig(8, 64, 32, 4, "swigluoai", has_bias=True), 10, "round_robin", [16, 8, 12], ()),
+    ("weight-on-input", ExpertsConfig(4, 32, 32, 1, "silu", apply_router_weight_on_input=True), 7, "some_none", [8, 16, 16], ()),
+    ("single-token", ExpertsConfig(8, 32, 32, 2, "silu"), 1, "round_robin", [16, 16, 16], ()),
+]
+
+
+@pytest.mark.parametrize(("cfg", "t", "mapping", "ranks", "disabled"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_lora_matches_reference(cfg, t, mapping, ranks, disabled, device):
+    """Mixed adapters, padded ranks, disabled slots and -1 tokens match the reference."""
+    dtype = dtypes_for_device()[0]
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(t, cfg.hidden_size, dtype, device)
+    tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, device, seed=5)
+    ad = make_lora(cfg, num_slots=3, max_rank=16, ranks=ranks, dtype=dtype, device=device,
+                   disabled=disabled)  # fmt: skip
+    ctx = lora_context(ad, lora_mapping(t, mapping, 3, device))
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"])
+    out = backend.apply(x, tw, ti, ctx)
+    ref = _ref(cfg, wts, x, tw, ti, _double_lora(ctx))
+    err = rel_err(out, ref)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+    # the adapters matter: the base output is measurably different where they apply
+    base = backend.apply(x, tw, ti)
+    active = ctx.token_lora_mapping >= 0
+    for slot in disabled:
+        active &= ctx.token_lora_mapping != slot
+    if bool(active.any()):
+        assert rel_err(base[active], ref[active]) > 10 * REL_TOL[dtype]
+    # tokens without an (enabled) adapter get exactly the base output
+    assert torch.equal(out[~active], base[~active])
+
+
+@pytest.mark.parametrize("dtype", dtypes_for_device())
+def test_lora_all_none_is_exactly_base(dtype, device):
+    """A batch where no token has an adapter equals the LoRA-free call bit for bit."""
+    cfg = ExpertsConfig(8, 48, 32, 2, "silu")
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(17, 48, dtype, device)
+    tw, ti = make_routing(17, 8, 2, device)
+    ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"])
+    out = backend.apply(x, tw, ti, lora_context(ad, lora_mapping(17, "none", 2, device)))
+    assert torch.equal(out, backend.apply(x, tw, ti))
+
+
+def test_lora_all_tokens_on_disabled_slot_is_exactly_base(device):
+    """Tokens mapped to a disabled slot get the base output exactly."""
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(4, 32, 32, 2, "relu2", gated=False)
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(6, 32, dtype, device)
+    tw, ti = make_routing(6, 4, 2, device)
+    ad = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8, 8], dtype=dtype, device=device,
+                   disabled=(0, 1))  # fmt: skip
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"])
+    out = backend.apply(x, tw, ti, lora_context(ad, lora_mapping(6, "round_robin", 2, device)))
+    assert torch.equal(out, backend.apply(x, tw, ti))
+
+
+@pytest.mark.parametrize("naive", [False, True])
+def test_shrink_kernel_matches_torch(naive, device):
+    """u[s, pair] = A[s, slot, expert] @ x[token] for pairs with an adapter."""
+    dtype = dtypes_for_device()[-1]
+    t, e, k, h, r, slots = 5, 8, 2, 48, 8, 3
+    _, ti = make_routing(t, e, k, device)
+    x = make_x(t, h, dtype, device)
+    g = torch.Generator().manual_seed(0)
+    la = (torch.randn(2, slots, e, r, h, generator=g) / h**0.5).to(dtype).to(device)
+    lmap = torch.tensor([0, 2, -1, 1, 0], dtype=torch.int32, device=device)
+    enabled = torch.tensor([1, 0, 1], dtype=torch.int32, device=device)
+    routing = moe_align(ti, e, 16)
+    u = lora_shrink(
+        x, la, topk_ids=ti, sorted_ids=routing.sorted_ids, expert_ids=routing.expert_ids,
+        num_padded=routing.num_padded, lora_map=lmap, lora_enabled=enabled,
+        num_blocks=t * k if naive else routing.max_blocks, block_m=16, naive=naive, a_row_div=k,
+    )  # fmt: skip
+    assert u.shape == (2, t * k, r) and u.dtype == torch.float32
+    for p in range(t * k):
+        tok, slot, ex = p // k, int(lmap[p // k]), int(ti.flatten()[p])
+        if slot < 0 or int(enabled[slot]) == 0:
+            continue
+        for s in range(2):
+            want = la[s, slot, ex].double() @ x[tok].double()
+            err = rel_err(u[s, p], want)
+            assert err < SHRINK_TOL[dtype], (p, s, err)
+
+
+def test_lora_shape_errors(device):
+    """A LoRA context of the wrong shape or mapping dtype raises ValueError naming the shapes."""
+    cfg = ExpertsConfig(4, 32, 16, 2, "silu")
+    wts = make_weights(cfg, torch.float32, device)
+    x = make_x(3, 32, torch.float32, device)
+    tw, ti = make_routing(3, 4, 2, device)
+    non_gated = ExpertsConfig(4, 32, 16, 2, "silu", gated=False)
+    ad = make_lora(non_gated, num_slots=2, max_rank=8, ranks=[8], dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match=r"LoRA shapes .* do not match the layer.*S=2"):
+        fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti, lora=lora_context(ad, lora_mapping(3, "same", 2, device)))
+    ad2 = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8], dtype=torch.float32, device=device)
+    bad_map = lora_mapping(3, "same", 2, device).long()
+    with pytest.raises(ValueError, match=r"token_lora_mapping must be contiguous int32 \[T=3\].*int64"):
+        fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti, lora=lora_context(ad2, bad_map))

@@ -1,0 +1,307 @@
+"""Triton fused MoE (standard format) against the torch reference; alignment checked directly.
+
+Runs under TRITON_INTERPRET=1 where there is no GPU (fp16/fp32 only: the interpreter gets
+bf16 tl.dot wrong) and compiled on a GPU (bf16/fp16).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from conftest import ON_GPU, dtypes_for_device  # noqa: E402
+from moe_cases import make_routing, make_weights, make_x, rel_err  # noqa: E402
+
+from moe_policy.experts import triton_config as tc  # noqa: E402
+from moe_policy.experts.align import FUSED_MAX, moe_align  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig  # noqa: E402
+from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
+from moe_policy.experts.triton_moe import TritonExperts, _moe_gemm_kernel, fused_moe_triton  # noqa: E402
+
+#: Relative-error bounds ||out - ref|| / ||ref|| against the float64 reference, per dtype.
+#: fp32: interpreted dots are exact fp32 (tf32 on a GPU, hence 1e-3 there); fp16: the
+#: intermediate activation and the [T, k, H] partials are rounded to fp16 (2^-11);
+#: bf16: the same roundings at 2^-8, plus bf16 inputs of the LoRA expand.
+REL_TOL = {torch.float32: 1e-3 if ON_GPU else 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+#: Small tiles that force several K steps, several N tiles and partial tiles on tiny shapes.
+SMALL_TILES = tc.MoEConfig(16, tc.GemmConfig(16, 32, 2, 4, 2), tc.GemmConfig(32, 16, 1, 4, 2))
+
+
+def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=None,
+         naive=None, seed=0):  # fmt: skip
+    wts = make_weights(cfg, dtype, device, seed=seed)
+    x = make_x(t, cfg.hidden_size, dtype, device, seed=seed + 1)
+    tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, device, kind=routing, seed=seed + 2)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"])
+    out = fused_moe_triton(
+        x, conv["w13"], conv["w2"], tw, ti, activation=cfg.activation, gated=cfg.gated,
+        w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
+        apply_router_weight_on_input=cfg.apply_router_weight_on_input, config=tiles, naive=naive,
+    )  # fmt: skip
+    ref = fused_moe_reference(
+        x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
+        activation=cfg.activation, gated=cfg.gated,
+        w13_bias=None if wts["w13_bias"] is None else wts["w13_bias"].double(),
+        w2_bias=None if wts["w2_bias"] is None else wts["w2_bias"].double(),
+        apply_router_weight_on_input=cfg.apply_router_weight_on_input,
+    )  # fmt: skip
+    assert out.shape == x.shape and out.dtype == dtype
+    return rel_err(out, ref)
+
+
+# ---------------------------------------------------------------- alignment
+
+
+def _check_alignment(ti: torch.Tensor, num_experts: int, block_m: int) -> None:
+    r = moe_align(ti, num_experts, block_m)
+    numel = ti.numel()
+    flat = ti.flatten().long().cpu()
+    n = int(r.num_padded)
+    assert n % block_m == 0 and n <= r.max_blocks * block_m
+    s = r.sorted_ids[:n].long().cpu()
+    ex = r.expert_ids.long().cpu()
+    valid = torch.nonzero((flat >= 0) & (flat < num_experts)).flatten()
+    # every valid (token, slot) pair appears exactly once; the rest is the sentinel
+    assert sorted(s[s < numel].tolist()) == valid.tolist()
+    assert bool((s[s >= numel] == numel).all())
+    for b in range(n // block_m):
+        rows = s[b * block_m : (b + 1) * block_m]
+        real = rows[rows < numel]
+        assert real.numel() > 0, f"block {b} is empty"
+        assert bool((flat[real] == ex[b]).all()), f"block {b} mixes experts"
+        # padding only at the end of an expert's last block
+        assert bool((rows[: real.numel()] < numel).all())
+    assert bool((ex[n // block_m :] == -1).all())
+    # groups are padded to the minimum: sum_e ceil(count_e / block_m) blocks
+    counts = torch.bincount(flat[valid], minlength=num_experts)
+    assert n == int(((counts + block_m - 1) // block_m * block_m).sum())
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "e", "block_m", "kind"),
+    [
+        (1, 2, 8, 16, "uniform"),
+        (7, 3, 8, 16, "uniform"),  # odd T, numel < block
+        (33, 8, 8, 16, "skewed"),  # every token on expert 0
+        (40, 1, 4, 64, "skewed"),  # k = 1: all pairs on one expert
+        (21, 2, 64, 32, "subset"),  # many experts with no tokens
+        (300, 6, 16, 128, "uniform"),  # numel > FUSED_MAX: multi-program path
+        (257, 8, 128, 16, "uniform"),
+    ],
+)
+def test_alignment_groups_pairs_by_expert(t, k, e, block_m, kind, device):
+    """Each pair appears once, blocks hold one expert, padding is the sentinel, none wasted."""
+    _, ti = make_routing(t, e, k, device, kind=kind)
+    _check_alignment(ti, e, block_m)
+
+
+def test_alignment_drops_invalid_experts(device):
+    """Pairs routed outside [0, E) (experts of another rank) are left out, in both paths."""
+    for t in (9, FUSED_MAX // 2 + 7):
+        _, ti = make_routing(t, 8, 2, device)
+        ti[::3, 0] = -1
+        ti[1::5, 1] = 8
+        _check_alignment(ti, 8, 16)
+
+
+def test_alignment_int64_ids(device):
+    """int64 topk_ids are accepted as they are."""
+    _, ti = make_routing(11, 8, 2, device)
+    _check_alignment(ti.long(), 8, 16)
+
+
+def test_alignment_rejects_bad_input(device):
+    """Bad ids or block sizes raise ValueError naming what was received."""
+    with pytest.raises(ValueError, match=r"2-D int32/int64.*\(6,\)"):
+        moe_align(torch.zeros(6, dtype=torch.int32, device=device), 8, 16)
+    with pytest.raises(ValueError, match="power of two, got 24"):
+        moe_align(torch.zeros(2, 2, dtype=torch.int32, device=device), 8, 24)
+    with pytest.raises(ValueError, match="contiguous"):
+        moe_align(torch.zeros(4, 4, dtype=torch.int32, device=device)[:, :2], 8, 16)
+
+
+# ---------------------------------------------------------------- GEMMs vs the reference
+
+MODEL_CASES = [
+    # id, config, T
+    ("gated-silu-k2", ExpertsConfig(8, 64, 48, 2, "silu"), 17),
+    ("gated-gelu-k6", ExpertsConfig(8, 96, 32, 6, "gelu"), 5),
+    ("gated-gelu_tanh-k8", ExpertsConfig(8, 32, 64, 8, "gelu_tanh"), 9),
+    ("nongated-relu2-k6", ExpertsConfig(8, 80, 48, 6, "relu2", gated=False), 13),
+    ("nongated-silu-k1", ExpertsConfig(4, 64, 96, 1, "silu", gated=False), 40),
+    ("nongated-gelu-k2", ExpertsConfig(8, 48, 32, 2, "gelu", gated=False), 3),
+    ("swigluoai-bias-k4", ExpertsConfig(8, 64, 48, 4, "swigluoai", has_bias=True), 11),
+    ("weight-on-input-k1", ExpertsConfig(4, 64, 32, 1, "silu", apply_router_weight_on_input=True), 19),
+    ("weight-on-input-relu2", ExpertsConfig(8, 32, 32, 2, "relu2", gated=False, has_bias=True,
+                                            apply_router_weight_on_input=True), 7),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("cfg", "t"), [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES])
+@pytest.mark.parametrize("dtype", dtypes_for_device())
+def test_triton_matches_reference(cfg, t, dtype, device):
+    """Gated and non-gated activations, top-k 1..8, biases and weight on input match the reference."""
+    err = _run(cfg, t, dtype, device)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("t", "routing", "naive"),
+    [
+        (1, "uniform", None),  # one token: one pair per block, no alignment
+        (1, "uniform", False),  # one token through the aligned path
+        (3, "uniform", True),  # naive blocks with several tokens
+        (5, "skewed", None),  # T smaller than the block, all on expert 0
+        (37, "skewed", None),  # odd T, one hot expert
+        (29, "subset", None),  # experts with no tokens
+    ],
+)
+def test_triton_routing_shapes(t, routing, naive, device):
+    """Tiny and odd batches, skewed routing and idle experts match the reference."""
+    dtype = dtypes_for_device()[0]
+    cfg = ExpertsConfig(8, 64, 32, 2, "silu")
+    err = _run(cfg, t, dtype, device, routing=routing, naive=naive)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_triton_small_tiles(gated, device):
+    """Several K steps, N tiles and partial tiles (H, I not multiples of the tiles) stay exact."""
+    dtype = dtypes_for_device()[-1]
+    act = "silu" if gated else "relu2"
+    cfg = ExpertsConfig(6, 72, 40, 3, act, gated=gated, has_bias=True)
+    err = _run(cfg, 23, dtype, device, tiles=SMALL_TILES)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+def test_triton_invalid_expert_contributes_nothing(device):
+    """A pair routed to expert -1 adds nothing, like the reference."""
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(8, 32, 32, 2, "silu")
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(6, 32, dtype, device)
+    tw, ti = make_routing(6, 8, 2, device)
+    ti[1, 1] = -1
+    ti[4, :] = -1
+    out = TritonExperts(cfg, wts["w13"], wts["w2"]).apply(x, tw, ti)
+    ref = fused_moe_reference(x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti)
+    assert bool((out[4] == 0).all())
+    assert rel_err(out, ref) < REL_TOL[dtype]
+
+
+def test_triton_experts_class_contract(device):
+    """The backend declares its name and format, and apply returns x's shape and dtype."""
+    assert TritonExperts.backend == "triton"
+    assert TritonExperts.activation_format == "standard"
+    assert TritonExperts.supports_lora is True
+    assert TritonExperts.is_available()[0]
+    dtype = dtypes_for_device()[0]
+    cfg = ExpertsConfig(4, 32, 32, 2, "gelu_tanh", gated=False)
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(3, 32, dtype, device)
+    tw, ti = make_routing(3, 4, 2, device)
+    out = TritonExperts(cfg, wts["w13"], wts["w2"]).apply(x, tw, ti)
+    assert out.shape == (3, 32) and out.dtype == dtype and out.device == x.device
+
+
+def test_convert_weights_is_pure(device):
+    """convert_weights leaves its inputs and the config untouched and de-interleaves swigluoai."""
+    cfg = ExpertsConfig(4, 16, 8, 2, "swigluoai", has_bias=True)
+    wts = make_weights(cfg, torch.float32, device)
+    before = {k: v.clone() for k, v in wts.items() if v is not None}
+    cfg_before = ExpertsConfig(**cfg.__dict__)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"])
+    for k, v in before.items():
+        assert torch.equal(wts[k], v), k
+    assert cfg == cfg_before
+    assert torch.equal(conv["w13"][:, :8], wts["w13"][:, 0::2])
+    assert torch.equal(conv["w13"][:, 8:], wts["w13"][:, 1::2])
+    assert torch.equal(conv["w13_bias"][:, :8], wts["w13_bias"][:, 0::2])
+    assert conv["w13"].data_ptr() != wts["w13"].data_ptr()
+
+
+def test_launcher_rejects_bad_input(device):
+    """Shape, dtype and stride errors raise ValueError naming what was received."""
+    cfg = ExpertsConfig(4, 32, 16, 2, "silu")
+    wts = make_weights(cfg, torch.float32, device)
+    x = make_x(3, 32, torch.float32, device)
+    tw, ti = make_routing(3, 4, 2, device)
+    with pytest.raises(ValueError, match=r"shape mismatch: x \(3, 32\)"):
+        fused_moe_triton(x, wts["w13"][:, :20], wts["w2"], tw, ti)
+    with pytest.raises(ValueError, match=r"torch.float16"):
+        fused_moe_triton(x.half(), wts["w13"], wts["w2"], tw, ti)
+    with pytest.raises(ValueError, match=r"unit stride along H, got strides \(1, 3\)"):
+        fused_moe_triton(x.t().contiguous().t(), wts["w13"], wts["w2"], tw, ti)
+    with pytest.raises(ValueError, match=r"topk_ids/topk_weights.*\(3, 1\)"):
+        fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti[:, :1].contiguous())
+    with pytest.raises(ValueError, match=r"'relu2' with gated=True"):
+        fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti, activation="relu2")
+    with pytest.raises(ValueError, match=r"do not match the config"):
+        TritonExperts(ExpertsConfig(4, 32, 8, 2, "silu"), wts["w13"], wts["w2"])
+
+
+# ---------------------------------------------------------------- configs
+
+
+def test_config_keys_are_kernel_arguments():
+    """Every tile-config field maps to a kernel constexpr or a launch option."""
+    names = set(_moe_gemm_kernel.arg_names)
+    fields = set(tc.GemmConfig.__dataclass_fields__)
+    launch_options = {"num_warps", "num_stages"}
+    for f in fields - launch_options:
+        assert f.upper() in names, f
+    assert "BLOCK_M" in names
+
+
+@pytest.mark.parametrize("t", [1, 16, 64, 256, 1024, 8192])
+@pytest.mark.parametrize(("e", "k", "h", "i", "gated"),
+                         [(128, 6, 2688, 1856, False), (8, 2, 4096, 14336, True), (128, 8, 2048, 768, True)])  # fmt: skip
+def test_heuristic_configs_are_sane(t, e, k, h, i, gated):
+    """Heuristic tiles are powers of two, fit shared memory and grow with the batch."""
+    c = tc.heuristic_config(t, e, k, h, i, gated)
+    for g, b_tiles in ((c.gemm1, 2 if gated else 1), (c.gemm2, 1)):
+        for v in (c.block_m, g.block_n, g.block_k):
+            assert v >= 16 and v & (v - 1) == 0
+        assert tc._smem_bytes(c.block_m, g, b_tiles) <= tc._SMEM_LIMIT
+    if t * k / e > 128:
+        assert c.block_m == 128
+    if t == 1:
+        assert c.block_m == 16
+
+
+def test_tuned_file_nearest_key(tmp_path, monkeypatch):
+    """A tuned file is used for its (E, N, device) and the nearest token count wins."""
+    cfg_small = tc.MoEConfig(16, tc.GemmConfig(32, 64), tc.GemmConfig(64, 128))
+    cfg_big = tc.MoEConfig(128, tc.GemmConfig(128, 64, 8, 8, 4), tc.GemmConfig(256, 64, 8, 8, 4))
+    name = tc.config_file_name(8, 96, "NVIDIA H200 NVL")
+    assert name == "E=8,N=96,device_name=NVIDIA_H200.json"
+    import json
+
+    (tmp_path / name).write_text(json.dumps({"configs": {"1": cfg_small.to_dict(), "1024": cfg_big.to_dict()}}))
+    monkeypatch.setattr(tc, "CONFIG_DIR", tmp_path)
+    tc.load_tuned.cache_clear()
+    try:
+        assert tc.get_config(3, 8, 2, 64, 96, True, "NVIDIA H200") == cfg_small
+        assert tc.get_config(900, 8, 2, 64, 96, True, "NVIDIA H200") == cfg_big
+        assert tc.get_config(3, 8, 2, 64, 96, True, "Other GPU") == tc.heuristic_config(3, 8, 2, 64, 96, True)
+    finally:
+        tc.load_tuned.cache_clear()
+
+
+def test_config_from_dict_rejects_unknown_keys():
+    """A malformed tuned entry raises ValueError naming it."""
+    with pytest.raises(ValueError, match="bad MoE config"):
+        tc.MoEConfig.from_dict({"block_m": 16, "gemm1": {"block_n": 32, "BLOCK_K": 64}, "gemm2": {}})
+
+
+def test_experts_package_import_is_light():
+    """Importing moe_policy.experts pulls in neither torch nor triton."""
+    code = "import sys, moe_policy.experts; print('torch' in sys.modules, 'triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
