@@ -8,6 +8,7 @@ the caller, which warns, or raises when the audit is required.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -92,10 +93,8 @@ class AuditSink:
 
     def close_locked(self) -> None:
         if self._fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self._fd)
-            except OSError:
-                pass
             self._fd = None
 
     def close(self) -> None:

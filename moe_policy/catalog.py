@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from moe_policy import paths
-from moe_policy.context import ALL2ALL_KINDS, ACTIVATIONS, DTYPES, PLATFORMS, QUANTIZATIONS
+from moe_policy.context import ACTIVATIONS, ALL2ALL_KINDS, DTYPES, PLATFORMS, QUANTIZATIONS
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.rules import Condition, ProblemSink, parse_conditions
 from moe_policy.yamlio import LoadedYaml, load_yaml_file

@@ -18,7 +18,7 @@ Importing this module imports torch (the policy path never does).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -70,7 +70,7 @@ class MoELayer(torch.nn.Module):
         backend = self.decision.backend
         assert backend is not None  # select() raised otherwise
         try:
-            experts_cls = selector.catalog.load_experts_class(backend)
+            experts_cls = cast(type[FusedMoEExperts], selector.catalog.load_experts_class(backend))
         except LookupError as exc:
             raise BackendNotImplementedError(
                 f"the policy chose {backend!r} ({self.decision.experts_class}), which has no "
@@ -158,7 +158,8 @@ class MoELayer(torch.nn.Module):
         lora = None
         if self.lora is not None and dispatch.lora_mapping is not None:
             lora = MoELoRAContext(self.lora, dispatch.lora_mapping)
-        yb = self.experts.apply(dispatch.x, dispatch.expert_num_tokens, lora)  # type: ignore[call-arg]
+        # Batched experts take (x [E, M, H], counts [E], lora): the format's own signature.
+        yb = cast(Any, self.experts).apply(dispatch.x, dispatch.expert_num_tokens, lora)
         return combine_from_batched(
             yb, dispatch.index_map, topk_weights, x.shape[0], apply_router_weight=not on_input
         )

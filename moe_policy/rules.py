@@ -46,9 +46,9 @@ class Condition:
             return False
         if isinstance(value, tuple):  # a list key (packages): membership tests
             if self.op == "eq":
-                return self.operand in value
+                return bool(self.operand in value)
             if self.op == "ne":
-                return self.operand not in value
+                return bool(self.operand not in value)
             hit = any(item in value for item in self.operand)
             return hit if self.op == "in" else not hit
         if self.op == "eq":
@@ -56,17 +56,17 @@ class Condition:
         if self.op == "ne":
             return bool(value != self.operand)
         if self.op == "in":
-            return value in self.operand
+            return bool(value in self.operand)
         if self.op == "not_in":
-            return value not in self.operand
+            return bool(value not in self.operand)
         if self.op in ("multiple_of", "not_multiple_of"):
             divisible = int(value) % int(self.operand) == 0
             return divisible if self.op == "multiple_of" else not divisible
         left = _ordered(self.key, value)
         right = _ordered(self.key, self.operand)
-        return {
+        return bool({
             "gt": left > right, "ge": left >= right, "lt": left < right, "le": left <= right,
-        }[self.op]
+        }[self.op])
 
 
 def _ordered(key: str, value: Any) -> Any:

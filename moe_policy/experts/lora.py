@@ -54,7 +54,9 @@ class MoELoRAAdapters:
         if num_slices not in (1, 2):
             raise ValueError(f"num_slices must be 1 (non-gated) or 2 (gated), got {num_slices}")
         s, l, e, r, h, i = num_slices, num_slots, num_experts, max_rank, hidden_size, intermediate_size
-        z = lambda *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        def z(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
         return cls(
             w13_a=z(s, l, e, r, h),
             w13_b=z(s, l, e, i, r),

@@ -11,12 +11,11 @@ environment, files or module globals. The order is ``resolve.PIPELINE``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Union
 
 from moe_policy.context import SelectionContext
 from moe_policy.decision import Adaptation, Candidate, Override, RuleRecord
 
-TraceEntry = Union[RuleRecord, Override, Adaptation]
+TraceEntry = RuleRecord | Override | Adaptation
 Candidates = tuple[Candidate, ...]
 PassResult = tuple[Candidates, tuple[TraceEntry, ...]]
 Pass = Callable[[SelectionContext, Candidates], PassResult]

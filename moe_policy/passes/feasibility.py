@@ -6,6 +6,7 @@ The first failing check names the reason. Version-added: 0.1.0.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+
 from moe_policy.catalog import BackendSpec, Catalog
 from moe_policy.context import SelectionContext, parse_capability
 from moe_policy.decision import ReasonCode as R
