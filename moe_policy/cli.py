@@ -1,0 +1,107 @@
+"""``moe-policy``: the command-line entry point (explain, lint, backends, diff).
+
+Each subcommand lives in ``moe_policy/commands/<name>.py`` and exposes
+``add_parser(subparsers)`` and ``run(args) -> int``. ``COMMANDS`` is the one list
+of them; a command whose module is not installed yet is skipped, so the CLI
+works while commands are still being written.
+
+Exit codes (documented in the README): 0 decided (warn-mode overrides included),
+1 lint found an error, 2 bad input (policy, env, model, flags), 3 refused in
+strict mode, 4 no feasible backend. Errors are one line on stderr that names the
+origin of the bad value; no traceback.
+
+This is the only place that configures logging (``moe_policy.commands.logsetup``);
+the library never does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import NoReturn
+
+from moe_policy.errors import BackendOverrideError, MoEPolicyError, NoFeasibleBackendError
+
+#: Every subcommand, in help order; each is ``moe_policy.commands.<name>``.
+COMMANDS = ("explain", "lint", "backends", "diff")
+
+EXIT_OK = 0
+EXIT_LINT_ERROR = 1
+EXIT_BAD_INPUT = 2
+EXIT_REFUSED = 3
+EXIT_NO_BACKEND = 4
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2) instead of usage dumps."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: cli: {message} (see {self.prog} --help)\n")
+
+
+def available_commands() -> dict[str, ModuleType]:
+    """The command modules that exist in this install, in ``COMMANDS`` order."""
+    found = {}
+    for name in COMMANDS:
+        module_name = f"moe_policy.commands.{name}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        found[name] = importlib.import_module(module_name)
+    return found
+
+
+def build_parser(commands: dict[str, ModuleType]) -> Parser:
+    """The top-level parser with one subparser per available command."""
+    parser = Parser(
+        prog="moe-policy",
+        description="Explain, lint and audit the fused-MoE kernel backend policy.",
+    )
+    from moe_policy import __version__
+
+    parser.add_argument("--version", action="version", version=f"moe-policy {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    subparsers.required = True
+    for module in commands.values():
+        module.add_parser(subparsers)
+    return parser
+
+
+def error_line(exc: BaseException) -> str:
+    """The one stderr line for an error (multi-line library messages joined)."""
+    text = "; ".join(part.strip(" -") for part in str(exc).splitlines() if part.strip())
+    return f"moe-policy: error: {text}"
+
+
+def exit_code(exc: MoEPolicyError) -> int:
+    """The documented exit code for a library error."""
+    if isinstance(exc, BackendOverrideError):
+        return EXIT_REFUSED
+    if isinstance(exc, NoFeasibleBackendError):
+        return EXIT_NO_BACKEND
+    return EXIT_BAD_INPUT
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, configure logging for the terminal, run the command."""
+    commands = available_commands()
+    args = build_parser(commands).parse_args(argv)
+    from moe_policy.commands.logsetup import configure_logging
+
+    configure_logging(getattr(args, "log_format", None))
+    try:
+        return int(commands[args.command].run(args))
+    except MoEPolicyError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return exit_code(exc)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `moe-policy ... | head`
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

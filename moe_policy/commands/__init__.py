@@ -1,0 +1,1 @@
+"""The ``moe-policy`` subcommands: one module per command (``add_parser``, ``run``)."""
