@@ -40,18 +40,24 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2) instead of usage dumps."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: cli: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def available_commands() -> dict[str, ModuleType]:
-    """The command modules that exist in this install, in ``COMMANDS`` order."""
+def available_commands(names: Sequence[str] = COMMANDS) -> dict[str, ModuleType]:
+    """The command modules among ``names`` that exist in this install, in order."""
     found = {}
-    for name in COMMANDS:
+    for name in names:
         module_name = f"moe_policy.commands.{name}"
         if importlib.util.find_spec(module_name) is None:
             continue
         found[name] = importlib.import_module(module_name)
     return found
+
+
+def _requested(argv: Sequence[str]) -> tuple[str, ...]:
+    """Only the command named on the line (its module alone is imported), else all of them."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return (first,) if first in COMMANDS else COMMANDS
 
 
 def build_parser(commands: dict[str, ModuleType]) -> Parser:
@@ -87,7 +93,8 @@ def exit_code(exc: MoEPolicyError) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, configure logging for the terminal, run the command."""
-    commands = available_commands()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = available_commands(_requested(argv))
     args = build_parser(commands).parse_args(argv)
     from moe_policy.commands.logsetup import configure_logging
 

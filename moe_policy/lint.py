@@ -170,8 +170,8 @@ def _capability_values(rule: Rule, spec: BackendSpec) -> list[str]:
         flat.extend(seed if isinstance(seed, tuple) else (seed,))
     flat.extend(v for v in (spec.capability_min, spec.capability_max) if v)
     for pattern in spec.capability_any_of:
-        major, _, minor = pattern.partition(".")
-        flat.extend([f"{major}.{m}" for m in range(10)] if minor in ("*", "x") else [pattern])
+        family, _, sub = pattern.partition(".")
+        flat.extend([f"{family}.{m}" for m in range(10)] if sub in ("*", "x") else [pattern])
     points = {(0, 0), (99, 9)}
     for value in flat:
         major, minor = parse_capability(value)

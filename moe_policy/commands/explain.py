@@ -98,7 +98,7 @@ def set_entries(items: Sequence[str]) -> list[Entry]:
     from omegaconf.errors import OmegaConfBaseException
 
     origin = Origin.cli("--set")
-    entries = []
+    entries: list[Entry] = []
     for item in items:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip():

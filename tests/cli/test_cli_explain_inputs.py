@@ -1,0 +1,82 @@
+"""explain inputs: --set of nested keys, ROCm AITER env semantics, every bundled model config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import H200, NEMOTRON_REL, run_cli, validate_record
+from tests.conftest import MIXTRAL, MODELS, REPO
+
+
+def test_set_nested_keys_and_a_list_with_their_origin():
+    """`--set parallel.tp=2` and `--set packages=[...]` land in the context as cli:--set."""
+    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json",
+                  "--set", "parallel.tp=2", "--set", "packages=[triton,torch]")
+    assert run.returncode == 0, run.stderr
+    record = run.json()
+    validate_record(record)
+    context = record["context"]
+    assert context["parallel.tp"] == {"value": 2, "origin": "cli:--set"}
+    assert context["packages"] == {"value": ["torch", "triton"], "origin": "cli:--set"}
+    assert context["model.intermediate_size_per_partition"]["value"] == 1856 // 2
+    cutlass = next(c for c in record["candidates"] if c["backend"] == "flashinfer_cutlass")
+    assert (cutlass["reason_code"], cutlass["pass"]) == ("package_unavailable", "feasibility")
+
+
+def test_set_overrides_a_settings_key_after_the_named_flags():
+    """`--set mode=strict` is a settings key too; it is applied after --mode, so it wins."""
+    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json", "--lora", "--backend",
+                  "flashinfer_cutlass", "--mode", "warn", "--set", "mode=strict")
+    assert run.returncode == 3
+    record = run.json()
+    assert record["mode"] == "strict"
+    assert record["requested"]["origin"] == "cli:--backend"
+
+
+def test_rocm_aiter_env_is_honoured_for_a_gated_silu_model():
+    """VLLM_ROCM_USE_AITER=1 requests aiter; Mixtral's gated SiLU experts run on it."""
+    run = run_cli("explain", "--model", MIXTRAL, "--platform", "rocm", "--json",
+                  env={"VLLM_ROCM_USE_AITER": "1"})
+    assert run.returncode == 0, run.stderr
+    record = run.json()
+    validate_record(record)
+    assert (record["backend"], record["outcome"]) == ("aiter", "honored")
+    assert record["requested"]["origin"] == "env:VLLM_ROCM_USE_AITER"
+    assert record["context"]["rocm.aiter"] == {"value": True, "origin": "env:VLLM_ROCM_USE_AITER"}
+
+
+def test_rocm_aiter_env_is_overridden_for_non_gated_relu2_experts():
+    """Nemotron's relu2 experts are non-gated: aiter cannot run them, Triton does, with a warning."""
+    run = run_cli("explain", "--model", NEMOTRON_REL, "--platform", "rocm", "--json",
+                  env={"VLLM_ROCM_USE_AITER": "1"})
+    assert run.returncode == 0, run.stderr
+    record = run.json()
+    validate_record(record)
+    assert (record["backend"], record["outcome"]) == ("triton", "overridden")
+    [override] = record["overrides"]
+    assert (override["requested"], override["reason_code"], override["origin"]) == (
+        "aiter", "non_gated_unsupported", "env:VLLM_ROCM_USE_AITER")
+    assert "moe_policy.request_overridden" in run.event_names()
+
+
+#: What an H200 dry run picks for each bundled model (None: nothing can run it).
+EXPECTED_H200 = {
+    "nemotron-3-nano-30b-a3b.json": "triton",
+    "mixtral-8x7b-instruct-v0.1.json": "triton",
+    "qwen3-30b-a3b.json": "triton",
+    "deepseek-v3.json": None,  # FP8-quantized: every unquantized backend is eliminated
+}
+
+
+@pytest.mark.parametrize("model", sorted(p.name for p in Path(MODELS).glob("*.json")))
+def test_every_bundled_model_gives_a_valid_record(model):
+    """Each real config in configs/models/ explains on an H200 with a schema-valid record."""
+    run = run_cli("explain", "--model", str(Path(MODELS, model).relative_to(REPO)), *H200, "--json")
+    record = run.json()
+    validate_record(record)
+    assert record["context"]["model.num_experts"]["origin"].startswith(f"file:configs/models/{model}:")
+    expected = EXPECTED_H200.get(model, record["backend"])
+    assert record["backend"] == expected
+    assert run.returncode == (0 if expected is not None else 4)

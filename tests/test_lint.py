@@ -1,0 +1,123 @@
+"""Policy lint: every planted defect is found at its line, and nothing in configs/ is flagged."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from moe_policy.lint import Finding, lint_document, lint_file, lint_paths
+from moe_policy.overlap import satisfiable
+from moe_policy.rules import Condition
+from moe_policy.yamlio import parse_yaml_text
+from tests.conftest import REPO
+
+FIXTURES = REPO / "tests" / "fixtures" / "lint"
+EXPECT = re.compile(r"#\s*expect:\s*([a-z-]+)")
+
+
+def expected(path: Path) -> set[tuple[int, str]]:
+    """(line, code) pairs from the fixture's ``# expect: code`` comments."""
+    return {
+        (number, match.group(1))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if (match := EXPECT.search(line))
+    }
+
+
+def found(findings: list[Finding]) -> set[tuple[int, str]]:
+    return {(int(f.location.rsplit(":", 2)[1]), f.code) for f in findings}
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.glob("*.yaml")))
+def test_each_planted_defect_is_found_at_its_line_and_nothing_else(fixture):
+    """A fixture's `# expect:` comments are exactly the findings lint reports."""
+    path = FIXTURES / fixture
+    findings = lint_file(str(path))
+    assert expected(path), "a fixture must plant at least one defect"
+    assert found(findings) == expected(path)
+    assert all(f.origin.startswith(f"file:{path}:") for f in findings)
+
+
+def test_configs_lint_clean():
+    """The built-in policy and every profile have no findings at all."""
+    paths = [str(REPO / "configs" / "default.yaml"), *map(str, sorted((REPO / "configs" / "profiles").glob("*.yaml")))]
+    assert lint_paths(paths) == []
+
+
+def test_unknown_names_come_with_did_you_mean():
+    """Unknown backends and context keys suggest the closest known name."""
+    messages = [f.message for f in lint_file(str(FIXTURES / "structural.yaml"))]
+    assert any("did you mean 'flashinfer_trtllm'" in m for m in messages)
+    assert any("did you mean 'lora.enabled'" in m for m in messages)
+
+
+def test_severities_errors_and_warnings():
+    """Contradictions are errors; an unreachable priority entry and prefer-vs-demote are warnings."""
+    by_code = {}
+    for name in ("conflicting.yaml", "no-backend.yaml"):
+        for f in lint_file(str(FIXTURES / name)):
+            by_code.setdefault(f.code, set()).add(f.severity)
+    assert by_code["priority-unreachable"] == {"warning"}
+    assert by_code["require-no-backend"] == {"error"}
+    assert by_code["conflicting-rules"] == {"error", "warning"}
+
+
+def _lint(text: str) -> list[Finding]:
+    return lint_document(parse_yaml_text(text, "inline.yaml"))
+
+
+def test_rules_that_cannot_match_together_do_not_conflict():
+    """prefer A and forbid A under disjoint conditions (different platforms) is fine."""
+    text = """
+version: 1
+rules:
+  - {id: a, when: {platform: cuda, lora.enabled: true}, effect: prefer, backends: [triton], reason: r}
+  - {id: b, when: {platform: rocm}, effect: forbid, backends: [triton], reason: r}
+"""
+    assert _lint(text) == []
+
+
+def test_audit_rules_neither_shadow_nor_conflict():
+    """A rule in audit action changes nothing, so it cannot make another rule dead."""
+    text = """
+version: 1
+rules:
+  - {id: a, effect: forbid, action: audit, backends: [flashinfer_cutlass], reason: r}
+  - {id: b, when: {platform: cuda}, effect: prefer, backends: [flashinfer_cutlass], reason: r}
+"""
+    assert _lint(text) == []
+
+
+def test_malformed_yaml_is_a_finding_not_a_crash(tmp_path):
+    """A file lint cannot parse is one error finding at the position of the problem."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules: [\n")
+    [finding] = lint_file(str(bad))
+    assert (finding.severity, finding.code) == ("error", "malformed-yaml")
+    assert finding.location.startswith(f"{bad}:2:")
+    [missing] = lint_file(str(tmp_path / "absent.yaml"))
+    assert missing.code == "file-not-found"
+
+
+@pytest.mark.parametrize(
+    ("conditions", "result"),
+    [
+        ([Condition("platform", "eq", "cuda"), Condition("platform", "eq", "rocm")], False),
+        ([Condition("parallel.tp", "gt", 4), Condition("parallel.tp", "lt", 5)], False),
+        ([Condition("parallel.tp", "ge", 4), Condition("parallel.tp", "le", 4)], True),
+        ([Condition("device.capability", "in", ("10.0", "10.3")), Condition("device.capability", "lt", "10.0")], False),
+        ([Condition("device.capability", "ge", "9.0"), Condition("device.capability", "lt", "10.0")], True),
+        ([Condition("lora.enabled", "eq", True), Condition("lora.enabled", "ne", True)], False),
+        ([Condition("packages", "eq", "flashinfer"), Condition("packages", "not_in", ("flashinfer",))], False),
+        ([Condition("packages", "in", ("aiter", "flashinfer")), Condition("packages", "ne", "aiter")], True),
+        ([Condition("model.intermediate_size_per_partition", "multiple_of", 256),
+          Condition("model.intermediate_size_per_partition", "not_multiple_of", 128)], False),
+        ([Condition("device.name", "exists", False), Condition("device.name", "eq", "H200")], False),
+        ([Condition("platform", "eq", "cuda"), Condition("parallel.dp", "gt", 1)], True),
+    ],
+)
+def test_satisfiability_per_key(conditions, result):
+    """Conditions on one key are decided exactly for comparison and membership operators."""
+    assert satisfiable(conditions) is result
