@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import json
 import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -169,23 +170,30 @@ def hostname() -> str:
     return socket.gethostname()
 
 
-def record_inputs(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The inputs of a decision record (``to_dict()`` form) that the comparison reads."""
-    requested = record.get("requested")
+def _inputs_key(d: Decision) -> Any:
+    """What the comparison reads from a decision, hashable (layers with equal inputs share it)."""
+    return (
+        tuple((k, v, o) for k, (v, o) in d.context.items() if k not in RANK_LOCAL_KEYS),
+        (d.requested.backend, d.requested.origin) if d.requested else None,
+        d.mode,
+        tuple(d.policy_files),
+        tuple((r.id, r.effect, r.action, r.backends, r.matched, r.applied, r.origin) for r in d.rules),
+        d.library_version,
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    return [_jsonable(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _inputs(key: Any) -> dict[str, Any]:
+    context, request, mode, files, rules, version = key
     return {
-        "context": {
-            key: [item.get("value"), item.get("origin")]
-            for key, item in sorted(record.get("context", {}).items()) if key not in RANK_LOCAL_KEYS
-        },
-        "request": None if not requested else [requested.get("backend"), requested.get("origin")],
-        "mode": record.get("mode"),
-        "policy": [[f.get("path"), f.get("sha256")] for f in record.get("policy", {}).get("files", [])],
-        "rules": [
-            [r.get("id"), r.get("effect"), r.get("action"), list(r.get("backends", [])),
-             r.get("matched"), r.get("applied"), r.get("origin")]
-            for r in record.get("rules", [])
-        ],
-        "library_version": record.get("library_version"),
+        "context": {k: [_jsonable(v), o] for k, v, o in sorted(context)},
+        "request": _jsonable(request), "mode": mode, "policy": _jsonable(files),
+        "rules": [[rid, effect, action, list(backends), matched, applied, origin]
+                  for rid, effect, action, backends, matched, applied, origin in rules],
+        "library_version": version,
     }
 
 
@@ -206,12 +214,15 @@ def rank_summary(
 ) -> dict[str, Any]:
     """The compact, JSON-serialisable summary one rank contributes to the gather."""
     layers = []
-    inputs: dict[str, Any] = {}
+    refs: dict[Any, int] = {}
     for d in decisions:
+        try:
+            ref = refs.setdefault(_inputs_key(d), len(refs))
+        except TypeError:  # an unhashable context value: key by its canonical JSON instead
+            ref = refs.setdefault(canonical_json(_inputs(_inputs_key(d))), len(refs))
         layers.append([d.layer_kind, d.layer_index, d.fingerprint, d.backend, d.experts_class,
-                       d.activation_format])
-        if d.fingerprint not in inputs:
-            inputs[d.fingerprint] = record_inputs(d.to_dict())
+                       d.activation_format, ref])
+    inputs = [_inputs(key) if isinstance(key, tuple) else json.loads(key) for key in refs]
     return {"v": SUMMARY_VERSION, "rank": rank, "host": host,
             "consistency": list(mode) if mode else None, "layers": layers, "inputs": inputs}
 
@@ -240,7 +251,7 @@ def compare_summaries(summaries: Sequence[Mapping[str, Any]], *, rank: int) -> A
         if len(outcomes) == 1 and len(prints) == 1:
             continue
         sides = _sides(entries)
-        diffs = _differences([(r, by_rank[r]["inputs"][layer[2]]) for r, layer in entries])
+        diffs = _differences([(r, by_rank[r]["inputs"][layer[6]]) for r, layer in entries])
         target = mismatched if len(outcomes) > 1 else differing
         pattern = canonical_json([s.to_dict() for s in sides] + [d.to_dict() for d in diffs])
         target.setdefault(pattern, []).append((sig, sides, diffs))
@@ -604,5 +615,4 @@ def _audit(report: AgreementReport, decisions: Sequence[Decision], audit: AuditS
 __all__ = [
     "MODES", "RANK_LOCAL_KEYS", "AgreementReport", "DecisionMismatchError", "KeyDifference",
     "LayerMismatch", "Side", "ValueGroup", "check_agreement", "compare_summaries", "rank_summary",
-    "record_inputs",
 ]
