@@ -250,9 +250,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Aligned
             numel, num_experts, max_blocks,
             BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
         )  # fmt: skip
-        _align_scatter_kernel[grid](
-            topk_ids, sorted_ids, cursor, numel, num_experts, CHUNK=_CHUNK
-        )
+        _align_scatter_kernel[grid](topk_ids, sorted_ids, cursor, numel, num_experts, CHUNK=_CHUNK)
     return AlignedRouting(sorted_ids, expert_ids, num_padded, block_m, max_blocks)
 
 

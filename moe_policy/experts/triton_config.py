@@ -6,12 +6,13 @@ GEMM 1, ``block_n`` counts output columns of the activation: the program reads t
 and the up rows of those columns, so the MMA is ``2 * block_n`` wide.
 
 Tuned files live in ``experts/configs/E={E},N={I},device_name={name}.json`` (written by
-``benchmarks/tune_triton.py``) and map a token count to a config; the nearest key wins.
+``benchmarks/tune_triton.py``) and map a token count to a config; the nearest key in log scale wins.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -97,7 +98,11 @@ def heuristic_config(
     b1 = 2 if gated else 1
     if block_m >= 64:
         big = block_m == 128
-        g1 = GemmConfig(128 if gated else 256, 64, 8, 8, 4) if big else GemmConfig(64 if gated else 128, 64, 8, 4, 4)
+        g1 = (
+            GemmConfig(128 if gated else 256, 64, 8, 8, 4)
+            if big
+            else GemmConfig(64 if gated else 128, 64, 8, 4, 4)
+        )
         g2 = GemmConfig(256, 64, 8, 8, 4) if big else GemmConfig(128, 64, 8, 4, 4)
     else:
         # memory-bound: narrow N tiles until there are ~4 programs per multiprocessor
@@ -152,10 +157,11 @@ def get_config(
     gated: bool,
     device_name: str | None = None,
 ) -> MoEConfig:
-    """Tuned config nearest to ``num_tokens`` when a file exists, else the heuristic."""
+    """Tuned config nearest to ``num_tokens`` (in log scale) when a file exists, else the heuristic."""
     if device_name:
         table = load_tuned(num_experts, inter, device_name)
         if table:
-            key = min(table, key=lambda m: (abs(m - num_tokens), m))
+            t = math.log(max(1, num_tokens))
+            key = min(table, key=lambda m: (abs(math.log(max(1, m)) - t), m))
             return table[key]
     return heuristic_config(num_tokens, num_experts, top_k, hidden, inter, gated)

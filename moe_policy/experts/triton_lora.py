@@ -80,12 +80,12 @@ def lora_expand_tile(
     b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + offs_r[:, None] * stride_lbr
     b_ptrs += offs_n[None, :] * stride_lbn
     # one small dot per adapter present in the block
-    for l in range(0, num_slots):
-        sel = slot == l
+    for sid in range(0, num_slots):
+        sel = slot == sid
         if tl.sum(sel.to(tl.int32), 0) > 0:
-            u_l = tl.where(sel[:, None], u, 0.0).to(DTYPE)
-            b_l = tl.load(b_ptrs + l * stride_lbl, mask=r_mask[:, None], other=0.0).to(DTYPE)
-            acc = tl.dot(u_l, b_l, acc)
+            u_s = tl.where(sel[:, None], u, 0.0).to(DTYPE)
+            b_s = tl.load(b_ptrs + sid * stride_lbl, mask=r_mask[:, None], other=0.0).to(DTYPE)
+            acc = tl.dot(u_s, b_s, acc)
     return acc
 
 
@@ -126,10 +126,10 @@ def _lora_shrink_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """u[s, rows of slot l in block] = a[rows] @ A[s, l, expert]^T."""
-    # block -> pairs and expert; exit when nothing of slot l is here
+    """u[s, rows of slot sid in block] = a[rows] @ A[s, sid, expert]^T."""
+    # block -> pairs and expert; exit when no row of slot sid is here
     pid_m = tl.program_id(0)
-    l = tl.program_id(1)
+    sid = tl.program_id(1)
     pairs, expert, live = block_pairs(
         pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, topk_ids_ptr,
         numel, num_experts, BLOCK_M, NAIVE,
@@ -138,7 +138,7 @@ def _lora_shrink_kernel(
         return
     pair_mask = pairs < numel
     slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
-    rows = pair_mask & (slot == l)
+    rows = pair_mask & (slot == sid)
     if tl.sum(rows.to(tl.int32), 0) == 0:
         return
     # pointers to the activation rows and to A[s, l, expert] read as [K, R]
@@ -147,7 +147,7 @@ def _lora_shrink_kernel(
     r_mask = offs_r < rank
     a_rows = (pairs // A_ROW_DIV).to(tl.int64)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    la_ptrs = la_ptr + l * stride_lal + expert.to(tl.int64) * stride_lae
+    la_ptrs = la_ptr + sid * stride_lal + expert.to(tl.int64) * stride_lae
     la_ptrs += offs_r[None, :] * stride_lar + offs_k[:, None] * stride_lak
     # accumulate over K in fp32, one accumulator per slice
     acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)

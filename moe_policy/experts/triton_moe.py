@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_policy.experts.align import block_pairs, max_blocks_for, moe_align
+from moe_policy.experts.align import block_pairs, moe_align
 from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton_config import MoEConfig, get_config
@@ -49,7 +49,9 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def _apply_act(g, u, ACT: tl.constexpr, GATED: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+def _apply_act(
+    g, u, ACT: tl.constexpr, GATED: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr
+):
     """Activation in fp32: ``act(g) * u`` gated, ``act(g)`` non-gated."""
     if ACT == 5:
         g = tl.minimum(g, LIMIT)
@@ -66,7 +68,7 @@ def _apply_act(g, u, ACT: tl.constexpr, GATED: tl.constexpr, ALPHA: tl.constexpr
         else:
             r = tl.maximum(g, 0.0)
             y = r * r
-        if GATED:
+        if GATED:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
             out = y * u
         else:
             out = y
@@ -248,9 +250,15 @@ def _moe_sum_kernel(
     for j in tl.static_range(TOP_K):
         e = tl.load(topk_ids_ptr + t * TOP_K + j)
         h_lim = H * ((e >= 0) & (e < num_experts)).to(tl.int32)  # 0 skips an invalid slot
-        v = tl.load(c_ptr + t * stride_ct + j * stride_ck + offs_h * stride_ch, mask=offs_h < h_lim, other=0.0)
+        v = tl.load(
+            c_ptr + t * stride_ct + j * stride_ck + offs_h * stride_ch,
+            mask=offs_h < h_lim,
+            other=0.0,
+        )
         acc += v.to(tl.float32)
-    tl.store(out_ptr + t * stride_ot + offs_h * stride_oh, acc.to(out_ptr.dtype.element_ty), mask=h_mask)
+    tl.store(
+        out_ptr + t * stride_ot + offs_h * stride_oh, acc.to(out_ptr.dtype.element_ty), mask=h_mask
+    )
 
 
 @lru_cache(maxsize=16)
@@ -272,7 +280,12 @@ def _check(cond: bool, msg: str) -> None:
 def _check_lora(lora: MoELoRAContext, t: int, e: int, h: int, i: int, gated: bool) -> None:
     ad = lora.adapters
     s = 2 if gated else 1
-    shapes = (tuple(ad.w13_a.shape), tuple(ad.w13_b.shape), tuple(ad.w2_a.shape), tuple(ad.w2_b.shape))
+    shapes = (
+        tuple(ad.w13_a.shape),
+        tuple(ad.w13_b.shape),
+        tuple(ad.w2_a.shape),
+        tuple(ad.w2_b.shape),
+    )
     if ad.w13_a.dim() != 5:
         raise ValueError(f"LoRA w13_a must be [S, L, E, R, H], got {shapes[0]}")
     _, slots, _, r, _ = ad.w13_a.shape
@@ -344,7 +357,9 @@ def fused_moe_triton(
     _check(e <= 1024, f"at most 1024 experts are supported, got {e}")
     act = ACTIVATION_CODES.get(activation)
     _check(
-        act is not None and (activation != "swigluoai" or gated) and (activation != "relu2" or not gated),
+        act is not None
+        and (activation != "swigluoai" or gated)
+        and (activation != "relu2" or not gated),
         f"activation {activation!r} with gated={gated} is not supported",
     )
     if w13_bias is not None or w2_bias is not None:
@@ -359,8 +374,10 @@ def fused_moe_triton(
         _check_lora(lora, t, e, h, i, gated)
     k = topk_ids.shape[1]
     numel = t * k
-    out = torch.empty(t, h, dtype=x.dtype, device=x.device) if k > 1 else torch.zeros(
-        t, h, dtype=x.dtype, device=x.device
+    out = (
+        torch.empty(t, h, dtype=x.dtype, device=x.device)
+        if k > 1
+        else torch.zeros(t, h, dtype=x.dtype, device=x.device)
     )
     if numel == 0:
         return out
@@ -376,7 +393,11 @@ def fused_moe_triton(
     else:
         routing = moe_align(topk_ids, e, bm)
         num_blocks = routing.max_blocks
-        sorted_ids, expert_ids, num_padded = routing.sorted_ids, routing.expert_ids, routing.num_padded
+        sorted_ids, expert_ids, num_padded = (
+            routing.sorted_ids,
+            routing.expert_ids,
+            routing.num_padded,
+        )
     route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded)
 
     # LoRA: shrink of x for every w13 slice

@@ -47,7 +47,9 @@ def _ref(cfg, wts, x, tw, ti, lora):
 
 def _double_lora(ctx):
     ad = ctx.adapters
-    cast = type(ad)(ad.w13_a.double(), ad.w13_b.double(), ad.w2_a.double(), ad.w2_b.double(), ad.enabled)
+    cast = type(ad)(
+        ad.w13_a.double(), ad.w13_b.double(), ad.w2_a.double(), ad.w2_b.double(), ad.enabled
+    )
     return lora_context(cast, ctx.token_lora_mapping)
 
 
@@ -55,11 +57,46 @@ CASES = [
     # id, config, T, mapping, ranks (max rank 16), disabled slots
     ("gated-same", ExpertsConfig(8, 64, 32, 2, "silu"), 9, "same", [16], ()),
     ("gated-round-robin", ExpertsConfig(8, 64, 48, 2, "silu"), 21, "round_robin", [16, 8, 16], ()),
-    ("gated-some-none-disabled", ExpertsConfig(8, 48, 32, 6, "gelu"), 13, "some_none", [8, 16, 4], (1,)),
-    ("nongated-relu2-rr", ExpertsConfig(8, 64, 48, 6, "relu2", gated=False), 11, "round_robin", [16, 8, 8], ()),
-    ("nongated-k1-some-none", ExpertsConfig(4, 32, 64, 1, "silu", gated=False), 26, "some_none", [4, 16, 8], (2,)),
-    ("swigluoai-bias-rr", ExpertsConfig(8, 64, 32, 4, "swigluoai", has_bias=True), 10, "round_robin", [16, 8, 12], ()),
-    ("weight-on-input", ExpertsConfig(4, 32, 32, 1, "silu", apply_router_weight_on_input=True), 7, "some_none", [8, 16, 16], ()),
+    (
+        "gated-some-none-disabled",
+        ExpertsConfig(8, 48, 32, 6, "gelu"),
+        13,
+        "some_none",
+        [8, 16, 4],
+        (1,),
+    ),
+    (
+        "nongated-relu2-rr",
+        ExpertsConfig(8, 64, 48, 6, "relu2", gated=False),
+        11,
+        "round_robin",
+        [16, 8, 8],
+        (),
+    ),
+    (
+        "nongated-k1-some-none",
+        ExpertsConfig(4, 32, 64, 1, "silu", gated=False),
+        26,
+        "some_none",
+        [4, 16, 8],
+        (2,),
+    ),
+    (
+        "swigluoai-bias-rr",
+        ExpertsConfig(8, 64, 32, 4, "swigluoai", has_bias=True),
+        10,
+        "round_robin",
+        [16, 8, 12],
+        (),
+    ),
+    (
+        "weight-on-input",
+        ExpertsConfig(4, 32, 32, 1, "silu", apply_router_weight_on_input=True),
+        7,
+        "some_none",
+        [8, 16, 16],
+        (),
+    ),
     ("single-token", ExpertsConfig(8, 32, 32, 2, "silu"), 1, "round_robin", [16, 16, 16], ()),
 ]
 
@@ -153,10 +190,21 @@ def test_lora_shape_errors(device):
     x = make_x(3, 32, torch.float32, device)
     tw, ti = make_routing(3, 4, 2, device)
     non_gated = ExpertsConfig(4, 32, 16, 2, "silu", gated=False)
-    ad = make_lora(non_gated, num_slots=2, max_rank=8, ranks=[8], dtype=torch.float32, device=device)
+    ad = make_lora(
+        non_gated, num_slots=2, max_rank=8, ranks=[8], dtype=torch.float32, device=device
+    )
     with pytest.raises(ValueError, match=r"LoRA shapes .* do not match the layer.*S=2"):
-        fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti, lora=lora_context(ad, lora_mapping(3, "same", 2, device)))
+        fused_moe_triton(
+            x,
+            wts["w13"],
+            wts["w2"],
+            tw,
+            ti,
+            lora=lora_context(ad, lora_mapping(3, "same", 2, device)),
+        )
     ad2 = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8], dtype=torch.float32, device=device)
     bad_map = lora_mapping(3, "same", 2, device).long()
-    with pytest.raises(ValueError, match=r"token_lora_mapping must be contiguous int32 \[T=3\].*int64"):
+    with pytest.raises(
+        ValueError, match=r"token_lora_mapping must be contiguous int32 \[T=3\].*int64"
+    ):
         fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti, lora=lora_context(ad2, bad_map))

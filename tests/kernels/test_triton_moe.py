@@ -38,7 +38,9 @@ def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=
     wts = make_weights(cfg, dtype, device, seed=seed)
     x = make_x(t, cfg.hidden_size, dtype, device, seed=seed + 1)
     tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, device, kind=routing, seed=seed + 2)
-    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"])
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
     out = fused_moe_triton(
         x, conv["w13"], conv["w2"], tw, ti, activation=cfg.activation, gated=cfg.gated,
         w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
@@ -138,12 +140,15 @@ MODEL_CASES = [
     ("nongated-gelu-k2", ExpertsConfig(8, 48, 32, 2, "gelu", gated=False), 3),
     ("swigluoai-bias-k4", ExpertsConfig(8, 64, 48, 4, "swigluoai", has_bias=True), 11),
     ("weight-on-input-k1", ExpertsConfig(4, 64, 32, 1, "silu", apply_router_weight_on_input=True), 19),
-    ("weight-on-input-relu2", ExpertsConfig(8, 32, 32, 2, "relu2", gated=False, has_bias=True,
-                                            apply_router_weight_on_input=True), 7),  # fmt: skip
-]
+    ("weight-on-input-relu2",
+     ExpertsConfig(8, 32, 32, 2, "relu2", gated=False, has_bias=True, apply_router_weight_on_input=True),
+     7),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("cfg", "t"), [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES])
+@pytest.mark.parametrize(
+    ("cfg", "t"), [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES]
+)
 @pytest.mark.parametrize("dtype", dtypes_for_device())
 def test_triton_matches_reference(cfg, t, dtype, device):
     """Gated and non-gated activations, top-k 1..8, biases and weight on input match the reference."""
@@ -216,7 +221,9 @@ def test_convert_weights_is_pure(device):
     wts = make_weights(cfg, torch.float32, device)
     before = {k: v.clone() for k, v in wts.items() if v is not None}
     cfg_before = ExpertsConfig(**cfg.__dict__)
-    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"])
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
     for k, v in before.items():
         assert torch.equal(wts[k], v), k
     assert cfg == cfg_before
@@ -283,13 +290,17 @@ def test_tuned_file_nearest_key(tmp_path, monkeypatch):
     assert name == "E=8,N=96,device_name=NVIDIA_H200.json"
     import json
 
-    (tmp_path / name).write_text(json.dumps({"configs": {"1": cfg_small.to_dict(), "1024": cfg_big.to_dict()}}))
+    (tmp_path / name).write_text(
+        json.dumps({"configs": {"1": cfg_small.to_dict(), "1024": cfg_big.to_dict()}})
+    )
     monkeypatch.setattr(tc, "CONFIG_DIR", tmp_path)
     tc.load_tuned.cache_clear()
     try:
         assert tc.get_config(3, 8, 2, 64, 96, True, "NVIDIA H200") == cfg_small
         assert tc.get_config(900, 8, 2, 64, 96, True, "NVIDIA H200") == cfg_big
-        assert tc.get_config(3, 8, 2, 64, 96, True, "Other GPU") == tc.heuristic_config(3, 8, 2, 64, 96, True)
+        assert tc.get_config(3, 8, 2, 64, 96, True, "Other GPU") == tc.heuristic_config(
+            3, 8, 2, 64, 96, True
+        )
     finally:
         tc.load_tuned.cache_clear()
 
@@ -297,7 +308,9 @@ def test_tuned_file_nearest_key(tmp_path, monkeypatch):
 def test_config_from_dict_rejects_unknown_keys():
     """A malformed tuned entry raises ValueError naming it."""
     with pytest.raises(ValueError, match="bad MoE config"):
-        tc.MoEConfig.from_dict({"block_m": 16, "gemm1": {"block_n": 32, "BLOCK_K": 64}, "gemm2": {}})
+        tc.MoEConfig.from_dict(
+            {"block_m": 16, "gemm1": {"block_n": 32, "BLOCK_K": 64}, "gemm2": {}}
+        )
 
 
 def test_experts_package_import_is_light():

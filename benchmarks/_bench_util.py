@@ -1,0 +1,212 @@
+"""Shared benchmark helpers: MoE shapes, H200 lower bounds, ceilings, CUDA-graph timing, memory, plots.
+
+Lower bound of one routed-experts layer (``reference/moe-kernels.md`` §6), bf16 (2 bytes)::
+
+    D      = E * (1 - (1 - k/E)^T)                 expected distinct experts (uniform routing)
+    bytes  = D * bytes_per_expert + 2 * T * H * 2  (weights once, x in, out once)
+    flops  = 2 * T * k * (H * N1 + I * H)          N1 = 2I gated, I non-gated
+    bound  = max(bytes / copy_bandwidth, flops / matmul_rate)
+
+with the copy bandwidth and the bf16 matmul rate measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """One routed-experts layer."""
+
+    name: str
+    num_experts: int
+    hidden: int
+    inter: int
+    top_k: int
+    gated: bool
+    activation: str
+    has_bias: bool = False
+
+    @property
+    def n1(self) -> int:
+        return 2 * self.inter if self.gated else self.inter
+
+    @property
+    def bytes_per_expert(self) -> int:
+        return (self.n1 * self.hidden + self.hidden * self.inter) * 2
+
+
+SHAPES: dict[str, MoEShape] = {
+    "nemotron3-nano": MoEShape("nemotron3-nano", 128, 2688, 1856, 6, False, "relu2"),
+    "mixtral-8x7b": MoEShape("mixtral-8x7b", 8, 4096, 14336, 2, True, "silu"),
+    "qwen3-30b-a3b": MoEShape("qwen3-30b-a3b", 128, 2048, 768, 8, True, "silu"),
+    "gpt-oss-20b": MoEShape("gpt-oss-20b", 32, 2880, 2880, 4, True, "swigluoai", has_bias=True),
+}
+
+
+def expected_experts(shape: MoEShape, t: int) -> float:
+    """Expected distinct experts touched by t tokens under uniform top-k routing."""
+    e, k = shape.num_experts, shape.top_k
+    return e * (1.0 - (1.0 - k / e) ** t)
+
+
+def layer_bytes(shape: MoEShape, t: int) -> float:
+    """Fewest HBM bytes of one layer call: touched weights once, x and out once."""
+    return expected_experts(shape, t) * shape.bytes_per_expert + 2 * t * shape.hidden * 2
+
+
+def layer_flops(shape: MoEShape, t: int) -> float:
+    """Matmul FLOPs of one layer call (both GEMMs, all routed pairs)."""
+    return 2.0 * t * shape.top_k * (shape.hidden * shape.n1 + shape.inter * shape.hidden)
+
+
+def lower_bound_us(shape: MoEShape, t: int, copy_tbps: float, matmul_tflops: float) -> float:
+    """max(memory time, compute time) in microseconds."""
+    t_mem = layer_bytes(shape, t) / (copy_tbps * 1e12)
+    t_cmp = layer_flops(shape, t) / (matmul_tflops * 1e12)
+    return max(t_mem, t_cmp) * 1e6
+
+
+def _events_median_ms(fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measure_ceilings(reps: int = 10) -> dict[str, float]:
+    """Device-to-device copy bandwidth (TB/s, read + write) and bf16 8192^3 matmul rate (TFLOP/s)."""
+    import torch
+
+    def copy_ms(n: int) -> float:
+        src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        return _events_median_ms(lambda: dst.copy_(src), reps)
+
+    def matmul_ms(m: int) -> float:
+        a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        return _events_median_ms(lambda: a @ b, reps)
+
+    n, m = 1 << 30, 8192  # 2 GiB copied each way; an 8192^3 product on random data
+    copy_tbps = 2 * n * 2 / (copy_ms(n) * 1e-3) / 1e12
+    mm_tflops = 2 * m**3 / (matmul_ms(m) * 1e-3) / 1e12
+    torch.cuda.empty_cache()
+    return {"copy_tbps": copy_tbps, "matmul_tflops": mm_tflops}
+
+
+def time_graph_us(calls: Sequence[Callable[[], Any]], replays: int = 20) -> dict[str, float]:
+    """Capture ``calls`` once in a CUDA graph, replay it; per-call µs (median, p20, p80)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:  # warm: compile, allocate
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        per.append(a.elapsed_time(b) * 1e3 / len(calls))
+    del graph
+    q = statistics.quantiles(per, n=5)
+    return {"us": statistics.median(per), "p20_us": q[0], "p80_us": q[-1], "replays": replays}
+
+
+def time_eager_us(calls: Sequence[Callable[[], Any]], reps: int = 20) -> dict[str, float]:
+    """Event-timed eager calls (for code that cannot be graph-captured); median µs per call."""
+    i = [0]
+
+    def one() -> None:
+        calls[i[0] % len(calls)]()
+        i[0] += 1
+
+    ms = [_events_median_ms(one, 1, warmup=0) for _ in range(reps)]
+    q = statistics.quantiles(ms, n=5)
+    return {
+        "us": statistics.median(ms) * 1e3,
+        "p20_us": q[0] * 1e3,
+        "p80_us": q[-1] * 1e3,
+        "replays": reps,
+    }
+
+
+def peak_extra_bytes(fn: Callable[[], Any]) -> int:
+    """Peak memory of one call beyond what was allocated before it and the tensor it returns."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    out_bytes = out.numel() * out.element_size() if out is not None else 0
+    return int(peak - before - out_bytes)
+
+
+def write_json(path: str, payload: dict[str, Any]) -> None:
+    """Write results (dataclasses converted) as indented JSON."""
+
+    def conv(o: Any) -> Any:
+        if hasattr(o, "__dataclass_fields__"):
+            return asdict(o)
+        raise TypeError(type(o))
+
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=conv)
+
+
+def plot_ratios(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    """One panel per shape: ratio to the lower bound vs T (log x), one line per implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({r["shape"] for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        impls = sorted({r["impl"] for r in rows if r["shape"] == shape})
+        for impl in impls:
+            pts = sorted((r["T"], r["ratio"]) for r in rows
+                         if r["shape"] == shape and r["impl"] == impl and r.get("ratio"))  # fmt: skip
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens T")
+        ax.set_ylabel("time / lower bound")
+        ax.set_title(shape)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

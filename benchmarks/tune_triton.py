@@ -1,0 +1,288 @@
+"""Tune the Triton fused-MoE block sizes on this GPU; writes ``E={E},N={I},device_name=...json``.
+
+Small by design (a vLLM-style full sweep takes over an hour): for each token count, the
+heuristic's BLOCK_M and one neighbour, and a short list of GEMM-1 and GEMM-2 tiles. GEMM 1 and
+GEMM 2 are separate kernels, so one layer call times one GEMM-1 and one GEMM-2 candidate at
+once (device time per kernel, from the profiler, median over routing sets). Per BLOCK_M the
+best GEMM 1 and best GEMM 2 are kept; the BLOCK_M with the smallest sum wins. Candidates are
+compiled first by ``--jobs`` worker processes, then timed one at a time in this process.
+
+    python benchmarks/tune_triton.py --shapes qwen3-30b-a3b --tokens 1 64 1024 --out moe_policy/experts/configs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _bench_util import SHAPES, MoEShape
+
+from moe_policy.experts.triton_config import (
+    GemmConfig,
+    MoEConfig,
+    _fit_stages,
+    config_file_name,
+    heuristic_config,
+)
+
+#: (block_n, block_k, num_warps, num_stages) candidates by BLOCK_M; gated GEMM-1 block_n
+#: counts activation columns (the MMA is twice as wide), so its list is halved.
+_DECODE = [
+    (32, 128, 4, 4),
+    (64, 128, 4, 4),
+    (64, 64, 4, 5),
+    (128, 64, 4, 4),
+    (64, 256, 4, 3),
+    (32, 256, 4, 3),
+]
+_MID = [
+    (64, 64, 4, 4),
+    (128, 64, 4, 4),
+    (128, 64, 8, 4),
+    (64, 128, 4, 3),
+    (128, 128, 8, 3),
+    (256, 64, 8, 3),
+]
+_PREFILL = [
+    (256, 64, 8, 4),
+    (256, 64, 8, 3),
+    (128, 64, 8, 4),
+    (128, 128, 8, 3),
+    (256, 32, 8, 5),
+    (128, 64, 4, 4),
+]
+
+
+def _tiles(block_m: int, gated_gemm1: bool) -> list[tuple[int, int, int, int]]:
+    base = _DECODE if block_m <= 32 else (_MID if block_m == 64 else _PREFILL)
+    if gated_gemm1 and block_m >= 64:
+        return [(max(32, bn // 2), bk, w, s) for bn, bk, w, s in base]
+    return list(base)
+
+
+def candidates(shape: MoEShape, t: int) -> list[MoEConfig]:
+    """Paired (GEMM-1, GEMM-2) candidates for the heuristic BLOCK_M and one neighbour."""
+    h = heuristic_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated)
+    bms = [h.block_m]
+    nb = {16: 32, 32: 16, 64: 128, 128: 64}[h.block_m]
+    if t * shape.top_k >= nb:
+        bms.append(nb)
+    out = [h]
+    for bm in bms:
+        t1 = _tiles(bm, shape.gated)
+        t2 = _tiles(bm, False)
+        gm = 1 if bm <= 32 else 8
+        for j in range(max(len(t1), len(t2))):
+            a, b = t1[j % len(t1)], t2[j % len(t2)]
+            g1 = _fit_stages(bm, GemmConfig(a[0], a[1], gm, a[2], a[3]), 2 if shape.gated else 1)
+            g2 = _fit_stages(bm, GemmConfig(b[0], b[1], gm, b[2], b[3]), 1)
+            c = MoEConfig(bm, g1, g2)
+            if c not in out:
+                out.append(c)
+    return out
+
+
+# ---------------------------------------------------------------- inputs
+
+
+_STATE: dict[str, Any] = {}
+
+
+def _layer(shape: MoEShape) -> tuple[Any, Any]:
+    import torch
+
+    from moe_policy.experts.base import ExpertsConfig
+    from moe_policy.experts.triton_moe import TritonExperts
+
+    if _STATE.get("name") != shape.name:
+        _STATE.clear()
+        torch.cuda.empty_cache()
+        g = torch.Generator(device="cuda").manual_seed(0)
+        e, h, i = shape.num_experts, shape.hidden, shape.inter
+
+        def rnd(*size: int, fan: int) -> Any:
+            return (torch.randn(*size, device="cuda", generator=g) / fan**0.5).bfloat16()
+
+        b13 = rnd(e, shape.n1, fan=25) if shape.has_bias else None
+        b2 = rnd(e, h, fan=25) if shape.has_bias else None
+        cfg = ExpertsConfig(e, h, i, shape.top_k, shape.activation, shape.gated, shape.has_bias)
+        _STATE.update(name=shape.name, cfg=cfg)
+        _STATE["backend"] = TritonExperts(
+            cfg, rnd(e, shape.n1, h, fan=h), rnd(e, h, i, fan=i), b13, b2
+        )
+    return _STATE["cfg"], _STATE["backend"]
+
+
+def _inputs(shape: MoEShape, t: int, n_sets: int) -> list[tuple[Any, Any, Any]]:
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(t)
+    sets = []
+    for _ in range(n_sets):
+        x = torch.randn(t, shape.hidden, device="cuda", generator=g).bfloat16()
+        logits = torch.randn(t, shape.num_experts, device="cuda", generator=g)
+        tw, ti = torch.topk(logits.softmax(-1), shape.top_k, dim=-1)
+        sets.append((x, (tw / tw.sum(-1, keepdim=True)).contiguous(), ti.int().contiguous()))
+    return sets
+
+
+def _call(backend: Any, cfg: MoEConfig, x: Any, tw: Any, ti: Any) -> Any:
+    from moe_policy.experts.triton_moe import fused_moe_triton
+
+    c, w = backend.config, backend.weights
+    return fused_moe_triton(
+        x, w["w13"], w["w2"], tw, ti, activation=c.activation, gated=c.gated,
+        w13_bias=w["w13_bias"], w2_bias=w["w2_bias"], config=cfg,
+    )  # fmt: skip
+
+
+def _compile_worker(task: tuple[str, int, list[dict[str, Any]]]) -> int:
+    """Run each config once (compiles into Triton's on-disk cache); returns failures."""
+    import torch
+
+    name, t, cfgs = task
+    shape = SHAPES[name]
+    _, backend = _layer(shape)
+    (x, tw, ti) = _inputs(shape, t, 1)[0]
+    bad = 0
+    for d in cfgs:
+        try:
+            _call(backend, MoEConfig.from_dict(d), x, tw, ti)
+        except Exception:
+            bad += 1
+    torch.cuda.synchronize()
+    return bad
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _kernel_times(fn: Any) -> list[tuple[str, float]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    evs = [ev for ev in prof.events() if str(getattr(ev, "device_type", "")).endswith("CUDA")]
+    evs.sort(key=lambda ev: ev.time_range.start)
+    return [(ev.name, ev.time_range.elapsed_us()) for ev in evs]
+
+
+def time_config(shape: MoEShape, t: int, cfg: MoEConfig, sets: list) -> dict[str, float] | None:
+    """Median device µs of GEMM 1, GEMM 2 and everything else over the routing sets."""
+    _, backend = _layer(shape)
+    g1, g2, rest = [], [], []
+    try:
+        _call(backend, cfg, *sets[0])
+        for x, tw, ti in sets:
+            ks = _kernel_times(lambda x=x, tw=tw, ti=ti: _call(backend, cfg, x, tw, ti))
+            gemms = [us for n, us in ks if "moe_gemm" in n]
+            g1.append(gemms[0])
+            g2.append(gemms[1])
+            rest.append(sum(us for n, us in ks if "moe_gemm" not in n))
+    except Exception as exc:
+        print(f"  {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return None
+    return {
+        "g1": statistics.median(g1),
+        "g2": statistics.median(g2),
+        "rest": statistics.median(rest),
+    }
+
+
+def tune_point(shape: MoEShape, t: int, cands: list[MoEConfig]) -> tuple[MoEConfig, dict[str, Any]]:
+    """Best config at (shape, t) and the measurements behind it."""
+    sets = _inputs(shape, t, 4 if t <= 1024 else 2)
+    res = [(c, time_config(shape, t, c, sets)) for c in cands]
+    best: tuple[float, MoEConfig] | None = None
+    for bm in sorted({c.block_m for c in cands}):
+        ok = [(c, r) for c, r in res if r is not None and c.block_m == bm]
+        if not ok:
+            continue
+        c1, r1 = min(ok, key=lambda cr: cr[1]["g1"])
+        c2, r2 = min(ok, key=lambda cr: cr[1]["g2"])
+        total = r1["g1"] + r2["g2"] + statistics.median(r["rest"] for _, r in ok)
+        if best is None or total < best[0]:
+            best = (total, MoEConfig(bm, c1.gemm1, c2.gemm2))
+    if best is None:
+        raise RuntimeError(f"no candidate ran for {shape.name} T={t}")
+    heur = res[0][1]
+    log = {
+        "best_us": best[0],
+        "heuristic_us": None if heur is None else heur["g1"] + heur["g2"] + heur["rest"],
+        "all": [(c.to_dict(), r) for c, r in res],
+    }
+    return best[1], log
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--shapes", nargs="+", default=["nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b"]
+    )
+    p.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 64, 256, 1024, 4096, 8192])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--jobs", type=int, default=8, help="compile workers (0: compile while timing)")
+    p.add_argument(
+        "--deadline-s", type=float, default=1e9, help="stop timing new points after this"
+    )
+    args = p.parse_args()
+
+    import multiprocessing as mp
+
+    import torch
+    import triton
+
+    start = time.time()
+    plan = {(s, t): candidates(SHAPES[s], t) for s in args.shapes for t in args.tokens}
+    print(f"# {sum(len(c) for c in plan.values())} configs over {len(plan)} points", flush=True)
+    if args.jobs > 0:
+        tasks = []
+        for (s, t), cands in plan.items():
+            for j in range(0, len(cands), 4):
+                tasks.append((s, t, [c.to_dict() for c in cands[j : j + 4]]))
+        tasks.sort(key=lambda tk: tk[0])  # one shape per worker as far as possible
+        with mp.get_context("spawn").Pool(args.jobs) as pool:
+            bad = sum(
+                pool.map(_compile_worker, tasks, chunksize=max(1, len(tasks) // (4 * args.jobs)))
+            )
+        print(f"# compiled in {time.time() - start:.0f}s ({bad} failed)", flush=True)
+    device = torch.cuda.get_device_name()
+    logs: dict[str, Any] = {"device": device, "triton": triton.__version__, "points": {}}
+    for s in args.shapes:
+        shape = SHAPES[s]
+        table: dict[str, Any] = {}
+        for t in args.tokens:
+            if time.time() - start > args.deadline_s:
+                print(f"# deadline: {s} T={t} not tuned", flush=True)
+                continue
+            best, log = tune_point(shape, t, plan[(s, t)])
+            table[str(t)] = best.to_dict()
+            logs["points"][f"{s}/{t}"] = log
+            print(f"{s:15s} T={t:5d} best {log['best_us']:9.1f}us heuristic {log['heuristic_us']}us "
+                  f"-> {best}", flush=True)  # fmt: skip
+        if not table:
+            continue
+        payload = {"triton_version": triton.__version__, "device_name": device, "configs": table}
+        path = os.path.join(args.out, config_file_name(shape.num_experts, shape.inter, device))
+        os.makedirs(args.out, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(payload, f, indent=1)
+        print(f"# wrote {path}", flush=True)
+    with open(os.path.join(args.out, "tune_log.json"), "w") as f:
+        json.dump(logs, f)
+    print(f"# total {time.time() - start:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
