@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -106,8 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code(exc)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `moe-policy ... | head`
+    except BrokenPipeError:  # `moe-policy ... | head`: the reader left; nothing more to say
+        silence_stdout()
         return EXIT_OK
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null after a broken pipe, so the exit flush does not fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":  # pragma: no cover

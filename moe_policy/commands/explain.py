@@ -123,6 +123,17 @@ def _report(selector: Any, decision: Any) -> None:
                     warnings.showwarning(item.message, item.category, item.filename, item.lineno)
 
 
+def _print(explanation: Any, args: argparse.Namespace) -> None:
+    if args.json:
+        json.dump(explanation.decision.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from moe_policy.commands.explain_text import render
+
+        sys.stdout.write(render(explanation, args.model))
+    sys.stdout.flush()
+
+
 def run(args: argparse.Namespace) -> int:
     """Resolve, print (human or JSON), then report; exceptions carry the exit code."""
     from moe_policy.api import Selector
@@ -133,14 +144,12 @@ def run(args: argparse.Namespace) -> int:
         args.model, policy_files=args.policy, explicit=entries, files_origin=Origin.cli("--policy"),
     )
     explanation = selector.explain()
-    if args.json:
-        json.dump(explanation.decision.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        from moe_policy.commands.explain_text import render
+    try:
+        _print(explanation, args)
+    except BrokenPipeError:  # the reader left (`| head`); still report and exit with the real code
+        from moe_policy.cli import silence_stdout
 
-        sys.stdout.write(render(explanation, args.model))
-    sys.stdout.flush()
+        silence_stdout()
     try:
         _report(selector, explanation.decision)
     except AuditWriteError as exc:
