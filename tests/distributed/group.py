@@ -71,7 +71,10 @@ def worker(rank: int, world: int, backend: str, init_file: str, out: str, names:
         info.update(chosen_device=nccl_device(dist, torch, None), current_device=torch.cuda.current_device(),
                     device_name=torch.cuda.get_device_name(info["expected_device"]))
     (out_dir / f"rank{rank}.json").write_text(json.dumps({"info": info, "results": results}, default=str))
-    dist.barrier()
+    if backend == "nccl":  # name the device: in local_rank mode nothing else says which it is
+        dist.barrier(device_ids=[info["expected_device"]])
+    else:
+        dist.barrier()
     dist.destroy_process_group()
 
 
