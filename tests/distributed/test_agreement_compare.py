@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,8 +115,6 @@ def test_mismatch_error_is_a_moe_policy_error():
 
 def test_summary_is_compact_and_json_serialisable():
     """Layers with equal inputs share one inputs entry; the summary is plain JSON."""
-    import json
-
     summary = rank_summary(_decisions(layers=range(128)), rank=0, host="a", mode=None)
     assert len(summary["layers"]) == 128 and len(summary["inputs"]) == 1
     assert "layer.index" not in summary["inputs"][0]["context"]
@@ -140,3 +139,40 @@ def test_importing_the_module_does_not_import_torch():
     code = "import sys, moe_policy.distributed, moe_policy.commands.diff; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_nccl_device_prefers_bound_then_set_then_local_rank(monkeypatch):
+    """The object collective's GPU: the group's bound device, a device the engine set, LOCAL_RANK's."""
+    from types import SimpleNamespace
+
+    from moe_policy.distributed import nccl_device
+
+    def fakes(bound: int | None, current: int) -> tuple[Any, Any]:
+        group = SimpleNamespace(bound_device_id=None if bound is None else SimpleNamespace(index=bound))
+        dist = SimpleNamespace(group=SimpleNamespace(WORLD=group))
+        torch = SimpleNamespace(cuda=SimpleNamespace(current_device=lambda: current, device_count=lambda: 4))
+        return dist, torch
+
+    monkeypatch.setenv("LOCAL_RANK", "6")
+    assert nccl_device(*fakes(bound=3, current=1), None) == 3
+    assert nccl_device(*fakes(bound=None, current=1), None) == 1
+    assert nccl_device(*fakes(bound=None, current=0), None) == 2  # LOCAL_RANK 6 on 4 visible GPUs
+    monkeypatch.delenv("LOCAL_RANK")
+    assert nccl_device(*fakes(bound=None, current=0), None) == 0
+
+
+def test_agreement_record_follows_the_audit_settings(tmp_path: Path):
+    """The audit.path setting gets a ``kind: "agreement"`` line; a required audit that fails raises."""
+    pytest.importorskip("torch.distributed")
+    from moe_policy.audit import AuditWriteError
+    from moe_policy.distributed import check_agreement
+
+    log = tmp_path / "audit.jsonl"
+    with structlog.testing.capture_logs():
+        check_agreement(_decisions({"MOE_POLICY_AUDIT_LOG": str(log)}))
+    [record] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (record["kind"], record["rank"], record["world_size"], record["agreed"]) == ("agreement", 0, 1, True)
+    assert record["local_mode"] == {"value": "error", "origin": record["local_mode"]["origin"]}
+    unwritable = {"MOE_POLICY_AUDIT_LOG": str(tmp_path), "MOE_POLICY_AUDIT_REQUIRED": "1"}
+    with structlog.testing.capture_logs(), pytest.raises(AuditWriteError):
+        check_agreement(_decisions(unwritable))
