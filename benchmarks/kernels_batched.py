@@ -76,7 +76,7 @@ def rel_l2(a: Any, b: Any) -> float:
 
 
 def bench_shape(name: str, tokens: list[int], replays: int, ceil: dict[str, float],
-                deadline: float) -> list[dict[str, Any]]:
+                deadline: float, impls: list[str] | None = None) -> list[dict[str, Any]]:
     """All implementations and token counts of one layer shape."""
     import torch
 
@@ -136,18 +136,23 @@ def bench_shape(name: str, tokens: list[int], replays: int, ceil: dict[str, floa
             fns["torch_grouped_mm+lora"] = partial(experts["torch_grouped_mm"].apply, x, w, ids,
                                                    lora_std)
 
+        if impls:
+            fns = {k: v for k, v in fns.items() if k in impls}
+
         # Spot check (T = 64): every implementation agrees with the standard Triton path.
         check: dict[str, float] = {}
-        if t == 64 and "triton" in fns:
-            for lora_on in (False, True):
-                sfx = "+lora" if lora_on else ""
-                base = fns["triton" + sfx]()
+        for sfx in ("", "+lora") if t == 64 else ():
+            if "triton" + sfx not in fns:
+                continue
+            base = fns["triton" + sfx]()
+            if "batched_triton" + sfx in fns:
                 yb = fns["batched_triton" + sfx]()
                 check["batched_triton" + sfx] = rel_l2(
                     combine_from_batched(yb, d.index_map, w, t), base)
-                if "torch_grouped_mm" + sfx in fns:
-                    check["torch_grouped_mm" + sfx] = rel_l2(fns["torch_grouped_mm" + sfx](), base)
-            print(f"{name} T=64 rel_l2 vs triton: "
+            if "torch_grouped_mm" + sfx in fns:
+                check["torch_grouped_mm" + sfx] = rel_l2(fns["torch_grouped_mm" + sfx](), base)
+        if check:
+            print(f"{name} T={t} rel_l2 vs triton: "
                   + ", ".join(f"{k}={v:.1e}" for k, v in check.items()), flush=True)
 
         lb = lower_bound_us(shape, t, ceil["copy_tbps"], ceil["matmul_tflops"])
@@ -202,6 +207,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=DEFAULT_SHAPES)
     ap.add_argument("--tokens", nargs="*", type=int, default=TOKENS)
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--impls", nargs="*", default=None,
+                    help="subset of: triton, batched_triton, torch_grouped_mm (each +lora too)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new cells after this")
     args = ap.parse_args()
 
@@ -220,9 +227,10 @@ def main() -> None:
     print(f"ceilings: {ceil}", flush=True)
     rows: list[dict[str, Any]] = []
     path = os.path.join(args.out, "kernels_batched.json")
+    meta["impls"] = args.impls or "all"
     for name in args.shapes:
         try:
-            rows += bench_shape(name, args.tokens, args.replays, ceil, deadline)
+            rows += bench_shape(name, args.tokens, args.replays, ceil, deadline, args.impls)
         except Exception as exc:  # keep the other shapes' numbers
             print(f"{name}: failed: {type(exc).__name__}: {exc}", flush=True)
         write_json(path, {"meta": meta, "rows": rows})

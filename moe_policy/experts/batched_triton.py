@@ -22,7 +22,9 @@ non-gated, ``w2`` ``[E, H, I]``, biases ``[E, N1]`` / ``[E, H]``. LoRA: ``MoELoR
 Output ``[E, M, H]`` in ``x.dtype``; rows at or past the count are not written.
 
 Kernels (two launches without LoRA, four with):
-  1. ``_lora_shrink_kernel`` (LoRA only): ``u[s,e,m] = A13_s[l,e] x[e,m]`` (fp32).
+  1. ``_lora_shrink_kernel`` (LoRA only): ``u[s,e,m] = A13_s[l,e] x[e,m]`` (fp32); one
+     program per (expert, M-block, slice, slot, K split), absent slots exit at once; long K
+     is split (fp32 atomic adds into a zeroed ``u``: summation order not fixed).
   2. ``_batched_gemm_kernel`` GEMM1: gate and up accumulators in one program, + bias,
      + LoRA expand ``u @ B13^T`` per slot present in the tile, then the activation in the
      epilogue; writes ``a`` ``[E, M, I]`` (no ``[E, M, 2I]`` round trip).
@@ -34,12 +36,14 @@ No host synchronisation (CUDA-graph capturable): grids come from the static ``E`
 
 Limits: bf16/fp16 (fp32 under the interpreter or for tests); adapters in the activation
 dtype; LoRA rank padded to ``max(16, next_pow2(R))`` inside the kernels; every adapter slot
-present in an M-tile costs one extra small ``tl.dot`` per tile. Configs are a token-count
-heuristic keyed by ``M`` (no tuned tables yet).
+present in an M-tile costs one extra small ``tl.dot`` per output tile and one shrink pass
+over that tile's rows; with a split K the LoRA result is not bit-reproducible. Configs are
+a token-count heuristic keyed by ``M`` (no tuned tables yet).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -85,6 +89,17 @@ def gemm_config(m: int, n: int, k: int, gated: bool) -> dict[str, int]:
                 "num_stages": 3}
     return {"BLOCK_M": 128, "BLOCK_N": 64 if gated else 128, "BLOCK_K": 64, "num_warps": 8,
             "num_stages": 3}
+
+
+def shrink_split_k(programs: int, k: int, block_k: int, m: int, sm_count: int) -> int:
+    """K splits of the LoRA shrink: its rank-wide output leaves few programs per (expert,
+    M-block), so long K (Mixtral's I = 14336) is split, keeping >= 4 K blocks per split.
+    ``programs`` counts (expert, M-block, slice) programs of the static grid; at decode
+    (m <= 16) only top_k experts are busy, so K is split as far as allowed."""
+    max_split = max(1, triton.cdiv(k, block_k * 4))
+    if m <= 16:
+        return max_split
+    return max(1, min(max_split, triton.cdiv(4 * sm_count, programs)))
 
 
 def shrink_config(m: int) -> dict[str, int]:
@@ -232,7 +247,7 @@ def _batched_gemm_kernel(
 @triton.jit
 def _lora_shrink_kernel(
     # Pointers: input rows [E, M, K], A [S, L, E, R, K], slot map [E, M], enabled [L],
-    # counts [E], output u [S, E, M, R] (fp32).
+    # counts [E], output u [S, E, M, R] (fp32; zero-filled when SPLIT_K > 1).
     x_ptr, la_ptr, slot_ptr, enabled_ptr, counts_ptr, u_ptr,
     # Sizes.
     M, K, NUM_SLOTS, RANK,
@@ -243,46 +258,56 @@ def _lora_shrink_kernel(
     stride_us, stride_ue, stride_um, stride_ur,
     # Meta-parameters.
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
-    # Program -> (expert, M-block) on axis 0, slice on axis 1; empty blocks exit.
+    # Program -> (expert, M-block) on axis 0, (slice, slot) on axis 1, K split on axis 2.
+    # Blocks past the count, slots absent from the tile and disabled slots exit at once.
     pid = tl.program_id(0)
-    s = tl.program_id(1)
+    s = tl.program_id(1) // NUM_SLOTS
+    slot = tl.program_id(1) % NUM_SLOTS
+    pid_k = tl.program_id(2)
     num_m = tl.cdiv(M, BLOCK_M)
     e = pid // num_m
     pid_m = pid % num_m
     count = tl.load(counts_ptr + e)
     if pid_m * BLOCK_M >= count:
         return
+    if tl.load(enabled_ptr + slot) == 0:
+        return
     e64 = e.to(tl.int64)
-
-    # Offsets and the rows' slots.
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = offs_m < count
-    offs_k = tl.arange(0, BLOCK_K)
+    slots = tl.load(slot_ptr + e64 * stride_se + offs_m * stride_sm, mask=row_mask, other=-1)
+    sel = (slots == slot) & row_mask
+    if tl.sum(sel.to(tl.int32), axis=0) == 0:
+        return
+
+    # Pointers to this split's first K block of x (this slot's rows) and of A[s, slot, e]^T.
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_r = tl.arange(0, BLOCK_R)
     r_mask = offs_r < RANK
-    slots = tl.load(slot_ptr + e64 * stride_se + offs_m * stride_sm, mask=row_mask, other=-1)
+    x_ptrs = x_ptr + e64 * stride_xe + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    a_ptrs = (la_ptr + s * stride_las + slot * stride_lal + e64 * stride_lae
+              + offs_r[None, :] * stride_lar + offs_k[:, None] * stride_lak)
 
-    # Per slot present in the tile: u = x A^T over K in fp32, stored for that slot's rows.
-    for slot in range(0, NUM_SLOTS):
-        sel = (slots == slot) & row_mask
-        present = tl.sum(sel.to(tl.int32), axis=0)
-        enabled = tl.load(enabled_ptr + slot)
-        if (present > 0) & (enabled != 0):
-            x_ptrs = x_ptr + e64 * stride_xe + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-            a_ptrs = (la_ptr + s * stride_las + slot * stride_lal + e64 * stride_lae
-                      + offs_r[None, :] * stride_lar + offs_k[:, None] * stride_lak)
-            acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-            for kb in range(0, tl.cdiv(K, BLOCK_K)):
-                k_mask = offs_k < K - kb * BLOCK_K
-                x = tl.load(x_ptrs, mask=sel[:, None] & k_mask[None, :], other=0.0)
-                a = tl.load(a_ptrs, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
-                acc += tl.dot(x, a.to(x.dtype))
-                x_ptrs += BLOCK_K * stride_xk
-                a_ptrs += BLOCK_K * stride_lak
-            u_ptrs = (u_ptr + s * stride_us + e64 * stride_ue + offs_m[:, None] * stride_um
-                      + offs_r[None, :] * stride_ur)
-            tl.store(u_ptrs, acc, mask=sel[:, None] & r_mask[None, :])
+    # u = x A^T over this split's K blocks (every SPLIT_K-th), fp32 accumulation.
+    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for kb in range(pid_k, tl.cdiv(K, BLOCK_K), SPLIT_K):
+        k_mask = offs_k < K - kb * BLOCK_K + pid_k * BLOCK_K
+        x = tl.load(x_ptrs, mask=sel[:, None] & k_mask[None, :], other=0.0)
+        a = tl.load(a_ptrs, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
+        acc += tl.dot(x, a.to(x.dtype))
+        x_ptrs += SPLIT_K * BLOCK_K * stride_xk
+        a_ptrs += SPLIT_K * BLOCK_K * stride_lak
+
+    # Store (or add, when K is split) the rows of this slot.
+    u_ptrs = (u_ptr + s * stride_us + e64 * stride_ue + offs_m[:, None] * stride_um
+              + offs_r[None, :] * stride_ur)
+    u_mask = sel[:, None] & r_mask[None, :]
+    if SPLIT_K == 1:
+        tl.store(u_ptrs, acc, mask=u_mask)
+    else:
+        tl.atomic_add(u_ptrs, acc, mask=u_mask)
 
 
 # ----------------------------------------------------------------------------------------
@@ -295,13 +320,19 @@ def _lora_shrink(
     enabled: torch.Tensor,
     counts: torch.Tensor,
     num_slices: int,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """u [S, E, M, R] fp32 = A[s, slot(e,m), e] x[e, m] for valid rows with an enabled slot."""
     e_count, m_cap, k = x.shape
     num_slots, rank = a.shape[1], a.shape[3]
-    u = torch.empty(num_slices, e_count, m_cap, rank, dtype=torch.float32, device=x.device)
     cfg = shrink_config(m_cap)
-    grid = (e_count * triton.cdiv(m_cap, cfg["BLOCK_M"]), num_slices)
+    num_m = triton.cdiv(m_cap, cfg["BLOCK_M"])
+    if split_k is None:
+        split_k = shrink_split_k(e_count * num_m * num_slices, k, cfg["BLOCK_K"], m_cap,
+                                 _sm_count(x.device))
+    alloc = torch.zeros if split_k > 1 else torch.empty
+    u = alloc(num_slices, e_count, m_cap, rank, dtype=torch.float32, device=x.device)
+    grid = (e_count * num_m, num_slices * num_slots, split_k)
     _lora_shrink_kernel[grid](
         x, a, slot_map, enabled, counts, u,
         m_cap, k, num_slots, rank,
@@ -310,9 +341,16 @@ def _lora_shrink(
         slot_map.stride(0), slot_map.stride(1),
         u.stride(0), u.stride(1), u.stride(2), u.stride(3),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_K=cfg["BLOCK_K"], BLOCK_R=_block_r(rank),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        SPLIT_K=split_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return u
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _block_r(rank: int) -> int:

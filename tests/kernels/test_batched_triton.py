@@ -12,7 +12,12 @@ from conftest import ON_GPU, dtypes_for_device
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.batched_format import combine_from_batched, dispatch_to_batched
-from moe_policy.experts.batched_triton import BatchedTritonExperts, batched_fused_experts
+from moe_policy.experts.batched_triton import (
+    BatchedTritonExperts,
+    _lora_shrink,
+    batched_fused_experts,
+    shrink_split_k,
+)
 from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
 from moe_policy.experts.reference import fused_moe_reference
 
@@ -203,6 +208,31 @@ def test_router_weight_on_input(device: str) -> None:
                               lora=MoELoRAContext(ad, token_lora))
     # x * w is rounded to the working dtype at dispatch: one more rounding than the reference.
     assert rel_l2(out, ref) < 2 * REL_L2[dtype]
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_lora_shrink_split_k(split_k: int, device: str) -> None:
+    """The shrink with K split over programs (atomic adds) equals x A^T per row's slot;
+    rows of -1 / disabled slots and rows past the count are left alone."""
+    dtype = dtypes_for_device()[0]
+    e, m, k, num_slots, r = 3, 20, 200, 3, 12
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(e, m, k, generator=g).to(device=device, dtype=dtype)
+    a = (torch.randn(2, num_slots, e, r, k, generator=g) * k**-0.5).to(device=device, dtype=dtype)
+    slots = torch.randint(-1, num_slots, (e, m), generator=g, dtype=torch.int32).to(device)
+    enabled = torch.tensor([1, 0, 1], dtype=torch.int32, device=device)
+    counts = torch.tensor([0, m, 7], dtype=torch.int32, device=device)
+    u = _lora_shrink(x, a, slots, enabled, counts, 2, split_k=split_k)
+    for ex in range(e):
+        for row in range(int(counts[ex])):
+            slot = int(slots[ex, row])
+            if slot < 0 or not int(enabled[slot]):
+                continue
+            want = a[:, slot, ex].float() @ x[ex, row].float()  # [2, R]
+            torch.testing.assert_close(u[:, ex, row], want, rtol=REL_L2[dtype], atol=REL_L2[dtype])
+    assert shrink_split_k(16, 14336, 64, 80, 132) > 1  # Mixtral w2: few programs, long K
+    assert shrink_split_k(2048, 2688, 64, 400, 132) == 1  # many programs already
+    assert shrink_split_k(128, 2688, 128, 1, 132) == 6  # decode: split as far as allowed
 
 
 def test_launcher_rejects_bad_inputs(device: str) -> None:
