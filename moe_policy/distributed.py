@@ -595,7 +595,9 @@ def _audit(report: AgreementReport, decisions: Sequence[Decision], audit: AuditS
            mode: tuple[str, str] | None) -> None:
     sink = audit
     if sink is None:
-        settings = next((d.run_settings for d in decisions if d.run_settings.get("audit.path")), None)
+        settings = next(
+            (d.run_settings for d in decisions if d.run_settings.get("audit.path", (None,))[0]), None
+        )
         if settings is None:
             return
         sink = AuditSink(str(settings["audit.path"][0]), bool(settings.get("audit.required", (False,))[0]))
