@@ -102,7 +102,7 @@ def rules_table(explanation: Explanation) -> str:
     ]
     parts = [
         heading("Rules", "in order; a matched rule applies unless its action is audit"),
-        table(rows, ("rule / where", "effect", "result"), (44, 30, 20)),
+        table(rows, ("rule / where", "effect", "result"), (52, 26, 16)),
     ]
     for old, new in explanation.settings.replaced_rules:
         parts.append(_fill(f"rule {old.id} at {old.origin} was replaced by the one at {new.origin}"))

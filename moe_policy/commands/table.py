@@ -11,14 +11,14 @@ WIDTH = 100
 
 
 def wrap(text: str, width: int | None) -> str:
-    """``text`` wrapped at spaces to ``width`` columns (words longer than that are split)."""
+    """``text`` wrapped at spaces to ``width`` columns; continuation lines are indented."""
     if width is None:
         return text
     out: list[str] = []
     for line in text.splitlines() or [""]:
+        indent = " " * (len(line) - len(line.lstrip(" ")))
         out.extend(
-            textwrap.wrap(line, width, break_on_hyphens=False, subsequent_indent="  "
-                          if line.startswith("  ") else "") or [""]
+            textwrap.wrap(line, width, break_on_hyphens=False, subsequent_indent=indent + "  " if indent else "") or [""]
         )
     return "\n".join(out)
 

@@ -35,6 +35,19 @@ def test_set_overrides_a_settings_key_after_the_named_flags():
     assert record["requested"]["origin"] == "cli:--backend"
 
 
+def test_later_policy_files_win(tmp_path):
+    """--policy is repeatable: the later file's mode wins over the strict profile's."""
+    relaxed = tmp_path / "relaxed.yaml"
+    relaxed.write_text("version: 1\nmode: warn\n")
+    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--lora", "--backend", "flashinfer_cutlass",
+                  "--policy", "configs/profiles/strict.yaml", "--policy", str(relaxed), "--json")
+    assert run.returncode == 0, run.stderr
+    record = run.json()
+    assert (record["mode"], record["outcome"], record["requested"]["origin"]) == ("warn", "overridden", "cli:--backend")
+    assert [f["path"] for f in record["policy"]["files"]] == [
+        "configs/default.yaml", "configs/profiles/strict.yaml", str(relaxed)]
+
+
 def test_rocm_aiter_env_is_honoured_for_a_gated_silu_model():
     """VLLM_ROCM_USE_AITER=1 requests aiter; Mixtral's gated SiLU experts run on it."""
     run = run_cli("explain", "--model", MIXTRAL, "--platform", "rocm", "--json",

@@ -99,7 +99,7 @@ def test_human_output_shows_ladder_context_candidates_rules_and_strict_outcome()
     assert max(len(line) for line in lines) <= 100
     for fragment in ("configs/default.yaml", "env:MOE_POLICY_BACKEND", "cli:--lora", "lora_unsupported",
                      "lora-prefers-triton", "file:configs/default.yaml:", "hopper-demotes-flashinfer",
-                     "refuse:", "device_capability_unsupported"):
+                     "refuse:", "device_capability_unsupported", "beat auto (file:configs/default.yaml:"):
         assert fragment in run.stdout, fragment
 
 
