@@ -87,6 +87,9 @@ def main() -> None:
     if args.runs < 10:
         parser.error("--runs must be at least 10")
     script = _script()
+    import compileall
+
+    compileall.compile_dir(str(REPO / "moe_policy"), quiet=1)
     for _ in range(args.warmup):
         _one(script)
     load_before = os.getloadavg()

@@ -93,3 +93,17 @@ def test_every_bundled_model_gives_a_valid_record(model):
     expected = EXPECTED_H200.get(model, record["backend"])
     assert record["backend"] == expected
     assert run.returncode == (0 if expected is not None else 4)
+
+
+def test_unwritable_audit_log_warns_and_a_required_one_fails(tmp_path):
+    """--audit-log into a missing directory: exit 0 with moe_policy.audit_failed; required: exit 2."""
+    target = str(tmp_path / "missing" / "audit.jsonl")
+    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json", "--audit-log", target)
+    assert run.returncode == 0, run.stderr
+    [failed] = [e for e in run.events() if e["event"] == "moe_policy.audit_failed"]
+    assert (failed["level"], failed["path"]) == ("warning", target)
+    required = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json", "--audit-log", target,
+                       "--set", "audit.required=true")
+    assert required.returncode == 2
+    [error] = required.errors()
+    assert error.startswith("moe-policy: error: cli:--audit-log:") and target in error
