@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_policy.agreement import RANK_LOCAL_KEYS, compress, format_layers
 from moe_policy.decision import canonical_json
-from moe_policy.distributed import RANK_LOCAL_KEYS, compress, format_layers
 
 EXIT_IDENTICAL = 0
 EXIT_DIFFERENT = 1

@@ -12,14 +12,8 @@ import pytest
 import structlog
 
 from moe_policy import PlatformFacts, Selector
-from moe_policy.distributed import (
-    DecisionMismatchError,
-    compare_summaries,
-    compress,
-    format_ranks,
-    local_mode,
-    rank_summary,
-)
+from moe_policy.agreement import compare_summaries, compress, format_ranks, local_mode, rank_summary
+from moe_policy.distributed import DecisionMismatchError
 from moe_policy.errors import MoEPolicyError, PolicyError
 
 MODEL = str(Path(__file__).resolve().parents[2] / "configs" / "models" / "qwen3-30b-a3b.json")
@@ -136,7 +130,7 @@ def test_importing_the_module_does_not_import_torch():
     """``moe_policy.distributed`` imports torch only inside ``check_agreement``."""
     import subprocess
 
-    code = "import sys, moe_policy.distributed, moe_policy.commands.diff; print('torch' in sys.modules)"
+    code = "import sys, moe_policy.distributed, moe_policy.agreement, moe_policy.commands.diff; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
