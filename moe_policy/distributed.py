@@ -71,6 +71,10 @@ class DecisionMismatchError(MoEPolicyError, RuntimeError):
         super().__init__(report.message)
 
 
+class AgreementCheckError(MoEPolicyError, RuntimeError):
+    """The check could not run on some rank (raised on every rank, after the one round)."""
+
+
 def hostname() -> str:
     """This host's name (a function so tests can stand in for other hosts)."""
     return socket.gethostname()
@@ -98,12 +102,28 @@ def check_agreement(
     Raises:
         DecisionMismatchError: on every rank, when ranks run different backends for a
             layer and the (strictest) mode is ``error``.
+        AgreementCheckError: on every rank, when some rank could not build its summary
+            (e.g. a bad ``mode=``); that rank re-raises its own error. Either way every
+            rank has taken part in the collective, so none is left waiting.
     """
     decisions = list(decisions)
-    mine = local_mode(decisions, mode)
     rank = _global_rank()
-    summary = rank_summary(decisions, rank=rank, host=hostname(), mode=mine)
-    report = compare_summaries(_all_gather(summary, group), rank=rank)
+    failure: Exception | None = None
+    try:
+        mine = local_mode(decisions, mode)
+        summary = rank_summary(decisions, rank=rank, host=hostname(), mode=mine)
+    except Exception as exc:  # reported to every rank through the gather, then raised
+        failure, mine = exc, None
+        summary = {"rank": rank, "host": hostname(), "problem": f"{type(exc).__name__}: {exc}"}
+    gathered = _all_gather(summary, group)
+    if failure is not None:
+        raise failure
+    problems = [s for s in gathered if "problem" in s]
+    if problems:
+        raise AgreementCheckError("; ".join(
+            f"the agreement check failed on rank {s['rank']} ({s['host']}): {s['problem']}" for s in problems
+        ))
+    report = compare_summaries(gathered, rank=rank)
     _log(report)
     _audit(report, decisions, audit, mine)
     if not report.agreed and report.mode == "error":
@@ -231,7 +251,7 @@ def _audit(report: AgreementReport, decisions: Sequence[Decision], audit: AuditS
 
 
 __all__ = [
-    "MODES", "RANK_LOCAL_KEYS", "AgreementReport", "DecisionMismatchError", "KeyDifference",
+    "MODES", "RANK_LOCAL_KEYS", "AgreementCheckError", "AgreementReport", "DecisionMismatchError", "KeyDifference",
     "LayerMismatch", "Side", "ValueGroup", "check_agreement", "compare_summaries", "local_mode",
     "rank_summary",
 ]

@@ -97,12 +97,18 @@ def audited(rank: int, world: int, out: Path) -> dict[str, Any]:
     return {"decisions": _decisions({"MOE_POLICY_AUDIT_LOG": path})}
 
 
+def bad_mode(rank: int, world: int, _out: Path) -> dict[str, Any]:
+    """The last rank passes an invalid ``mode=``: it raises its PolicyError, the others learn of it."""
+    return {"decisions": _decisions(), "mode": "loud" if rank == world - 1 else None}
+
+
 SCENARIOS: dict[str, Callable[[int, int, Path], dict[str, Any]]] = {
     "agree": agree, "env_backend": env_backend, "packages": packages, "pipeline": pipeline,
     "warn": warn, "mixed_mode": mixed_mode, "inputs_differ": inputs_differ, "audited": audited,
+    "bad_mode": bad_mode,
 }
 #: Scenarios that need two ranks or more to mean anything.
-MULTI_RANK = ("env_backend", "packages", "pipeline", "warn", "mixed_mode", "inputs_differ")
+MULTI_RANK = ("env_backend", "packages", "pipeline", "warn", "mixed_mode", "inputs_differ", "bad_mode")
 
 
 def run_scenario(name: str, rank: int, world: int, out: Path, group: Any = None) -> dict[str, Any]:
@@ -110,16 +116,19 @@ def run_scenario(name: str, rank: int, world: int, out: Path, group: Any = None)
     import structlog
 
     from moe_policy.distributed import DecisionMismatchError, check_agreement
+    from moe_policy.errors import MoEPolicyError
 
     result: dict[str, Any] = {"scenario": name, "rank": rank, "raised": None, "message": None}
     with structlog.testing.capture_logs() as events:
         setup = SCENARIOS[name](rank, world, out)
         try:
-            report = check_agreement(setup["decisions"], group, audit=setup.get("audit"))
+            report = check_agreement(setup["decisions"], group, audit=setup.get("audit"), mode=setup.get("mode"))
             result["report"] = report.to_dict()
             result["message"] = report.message
         except DecisionMismatchError as exc:
             result.update(raised=type(exc).__name__, message=str(exc), report=exc.report.to_dict())
+        except MoEPolicyError as exc:
+            result.update(raised=type(exc).__name__, message=str(exc))
     keep = ("moe_policy.agreement", "moe_policy.decision_mismatch", "moe_policy.decision_inputs_differ",
             "moe_policy.audit_failed")
     result["events"] = json.loads(json.dumps([e for e in events if e.get("event") in keep], default=str))
@@ -144,7 +153,7 @@ def verify(name: str, results: Sequence[Mapping[str, Any]], world: int, out: Pat
     for r in results:
         if expect_error and r["raised"] != "DecisionMismatchError":
             problems.append(f"rank {r['rank']}: expected DecisionMismatchError, got {r['raised']}")
-        if not expect_error and r["raised"] is not None:
+        if not expect_error and name != "bad_mode" and r["raised"] is not None:
             problems.append(f"rank {r['rank']}: unexpected {r['raised']}: {r['message']}")
     messages = {r["message"] for r in results}
     if expect_error and len(messages) != 1:
@@ -169,6 +178,10 @@ def verify(name: str, results: Sequence[Mapping[str, Any]], world: int, out: Pat
         for r in results:
             if not any(e["event"] == "moe_policy.decision_inputs_differ" for e in r["events"]):
                 problems.append(f"rank {r['rank']}: no moe_policy.decision_inputs_differ event")
+    if name == "bad_mode":
+        want = ["AgreementCheckError"] * last + ["PolicyError"]
+        if [r["raised"] for r in results] != want:
+            problems.append(f"expected {want}, got {[r['raised'] for r in results]}")
     if name == "audited" and out is not None:
         problems.extend(_verify_audit(out / "audit.jsonl", world))
     return problems

@@ -148,6 +148,13 @@ def test_same_backend_with_other_inputs_passes_with_a_warning(results):
         assert event["differences"][0]["differences"][0]["key"] == "packages"
 
 
+def test_a_rank_that_cannot_build_its_summary_fails_every_rank(results):
+    """An invalid ``mode=`` on rank 3: it raises PolicyError, the others AgreementCheckError naming it."""
+    outcomes = results["bad_mode"]
+    assert [r["raised"] for r in outcomes] == ["AgreementCheckError"] * 3 + ["PolicyError"]
+    assert "rank 3 (host-b)" in outcomes[0]["message"] and "api:mode" in outcomes[0]["message"]
+
+
 def test_outcome_is_audited_once_per_rank(results, group_dir):
     """Each rank appends one ``kind: "agreement"`` line with its rank and the world size."""
     lines = [json.loads(x) for x in (group_dir / "audit.jsonl").read_text().splitlines()]
