@@ -24,7 +24,7 @@ Version-added: 0.1.0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,6 +242,36 @@ def _priority_findings(loaded: LoadedYaml, entries: Iterable[Entry], catalog: Ca
 # ---------------------------------------------------------------- entry points
 
 
+def _expected_conditions(when: Any) -> int:
+    if not isinstance(when, Mapping):
+        return 0
+    return sum(len(spec) if isinstance(spec, Mapping) else 1 for spec in when.values())
+
+
+def well_formed(loaded: LoadedYaml, rules: Sequence[Rule]) -> list[Rule]:
+    """The rules parsed without losing a condition or a backend to a structural error.
+
+    A rule with a dropped condition would look broader than written (an unconditional
+    rule, say), so the semantic checks leave it out; its structural finding stands.
+    """
+    raw_rules = loaded.data.get("rules") if isinstance(loaded.data, Mapping) else None
+    if not isinstance(raw_rules, list):
+        return list(rules)
+    raw_at = {str(loaded.origin(("rules", i))): raw for i, raw in enumerate(raw_rules)}
+    kept = []
+    for rule in rules:
+        raw = raw_at.get(rule.origin)
+        if not isinstance(raw, Mapping):
+            continue
+        backends = raw.get("backends")
+        if not rule.backends or not isinstance(backends, list) or len(backends) != len(rule.backends):
+            continue
+        if len(rule.conditions) != _expected_conditions(raw.get("when")):
+            continue
+        kept.append(rule)
+    return kept
+
+
 def builtin_priority(catalog: Catalog) -> dict[str, tuple[str, ...]]:
     """The built-in priority lists (what a policy file's own lists replace)."""
     from moe_policy.settings.builtin import BuiltinSource
@@ -256,6 +286,7 @@ def lint_document(loaded: LoadedYaml, catalog: Catalog | None = None) -> list[Fi
     sink = ProblemSink(strict=False)
     entries, rules = parse_policy_document(loaded, catalog, sink)
     findings = [Finding(p.severity, p.code, p.message, p.origin) for p in sink.problems]
+    rules = well_formed(loaded, rules)
     shadowed, covered = _shadowed(rules)
     findings.extend(shadowed)
     findings.extend(_conflicts(rules, covered))

@@ -121,3 +121,15 @@ def test_malformed_yaml_is_a_finding_not_a_crash(tmp_path):
 def test_satisfiability_per_key(conditions, result):
     """Conditions on one key are decided exactly for comparison and membership operators."""
     assert satisfiable(conditions) is result
+
+
+def test_a_rule_with_a_structural_error_is_left_out_of_the_semantic_checks():
+    """A dropped (misspelt) condition must not make a rule look unconditional and shadow others."""
+    text = """
+version: 1
+rules:
+  - {id: a, when: {lora.enable: true}, effect: forbid, backends: [triton], reason: r}
+  - {id: b, when: {platform: cuda}, effect: prefer, backends: [triton], reason: r}
+  - {id: c, effect: require, backends: [tritn], reason: r}
+"""
+    assert {f.code for f in _lint(text)} == {"unknown-context-key", "unknown-backend"}
