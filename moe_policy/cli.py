@@ -79,8 +79,10 @@ def build_parser(commands: dict[str, ModuleType]) -> Parser:
 
 def error_line(exc: BaseException) -> str:
     """The one stderr line for an error (multi-line library messages joined)."""
-    text = "; ".join(part.strip(" -") for part in str(exc).splitlines() if part.strip())
-    return f"moe-policy: error: {text}"
+    first, *rest = [part.strip(" -") for part in str(exc).splitlines() if part.strip()] or [""]
+    if rest:
+        first = f"{first} " if first.endswith(":") else f"{first}; "
+    return f"moe-policy: error: {first}{'; '.join(rest)}"
 
 
 def exit_code(exc: MoEPolicyError) -> int:

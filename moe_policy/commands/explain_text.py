@@ -132,7 +132,8 @@ def decision_block(explanation: Explanation) -> str:
     for o in d.overrides:
         rule = f", rule {o.rule}" if o.rule else ""
         lines.append(_fill(
-            f"{o.requested} -> {o.selected}: {o.reason_code.value} (pass {o.pass_name}{rule}): {o.detail}",
+            f"{o.requested} -> {o.selected or 'nothing'}: {o.reason_code.value} (pass {o.pass_name}{rule}): "
+            f"{o.detail}",
             "override:",
         ))
     lines.append(_fill(d.mode, "mode:"))
@@ -149,7 +150,7 @@ def notices_block(decision: Decision) -> str:
     rows = [(n.origin, n.detail, n.replacement) for n in decision.notices]
     return "\n".join([
         heading("Notices", "settings that are deprecated, ignored or have no effect"),
-        table(rows, ("origin", "detail", "use instead"), (30, 42, 24)),
+        table(rows, ("origin", "detail", "use instead"), (34, 34, 26)),
     ])
 
 
