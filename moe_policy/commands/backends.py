@@ -75,9 +75,8 @@ def run(args: argparse.Namespace) -> int:
             {**spec.to_dict(), "implemented_here": catalog.implementation(spec.name) is not None}
             for spec in catalog
         ]
-        json.dump({"catalog": paths.BACKENDS_CATALOG_NAME, "sha256": catalog.sha256, "backends": backends},
-                  sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        document = {"catalog": paths.BACKENDS_CATALOG_NAME, "sha256": catalog.sha256, "backends": backends}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return 0
     from moe_policy.commands.table import heading, table
 

@@ -125,8 +125,7 @@ def _report(selector: Any, decision: Any) -> None:
 
 def _print(explanation: Any, args: argparse.Namespace) -> None:
     if args.json:
-        json.dump(explanation.decision.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(json.dumps(explanation.decision.to_dict(), indent=2) + "\n")
     else:
         from moe_policy.commands.explain_text import render
 

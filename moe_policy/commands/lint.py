@@ -32,13 +32,13 @@ def run(args: argparse.Namespace) -> int:
     errors = sum(f.severity == "error" for f in findings)
     warnings = len(findings) - errors
     if args.json:
-        json.dump({
+        report = {
             "files": list(args.files),
             "findings": [f.to_dict() for f in findings],
             "errors": errors,
             "warnings": warnings,
-        }, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        }
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
         from moe_policy.commands.table import WIDTH, table
 
