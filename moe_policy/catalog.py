@@ -27,7 +27,7 @@ LORA_SUPPORT = ("true", "false", "conditional", "delegated")
 BACKEND_KEYS = (
     "description", "experts_class", "implementation", "platforms", "capability", "dtypes",
     "quantization", "activations", "activation_format", "parallel", "lora", "batch_invariant",
-    "max_experts", "intermediate_multiple", "packages", "delegated",
+    "max_experts", "intermediate_multiple", "hidden_multiple", "bias", "packages", "delegated",
 )
 
 
@@ -56,6 +56,9 @@ class BackendSpec:
     batch_invariant: bool
     max_experts: int | None
     intermediate_multiple: int | None
+    hidden_multiple: int | None
+    bias: bool
+    lora_rank_multiple: int | None
     packages: tuple[str, ...]
     delegated: bool
     origin: str
@@ -85,6 +88,9 @@ class BackendSpec:
             "batch_invariant": self.batch_invariant,
             "max_experts": self.max_experts,
             "intermediate_multiple": self.intermediate_multiple,
+            "hidden_multiple": self.hidden_multiple,
+            "bias": self.bias,
+            "lora_rank_multiple": self.lora_rank_multiple,
             "packages": list(self.packages),
             "delegated": self.delegated,
         }
@@ -204,6 +210,9 @@ def parse_catalog(loaded: LoadedYaml) -> Catalog:
             batch_invariant=bool(raw.get("batch_invariant", False)),
             max_experts=raw.get("max_experts"),
             intermediate_multiple=raw.get("intermediate_multiple"),
+            hidden_multiple=raw.get("hidden_multiple"),
+            bias=bool(raw.get("bias", True)),
+            lora_rank_multiple=lora.get("rank_multiple"),
             packages=_strs(raw.get("packages"), where, "packages"),
             delegated=bool(raw.get("delegated", False)),
             origin=where,

@@ -40,7 +40,6 @@ class ReasonCode(str, Enum):
     PARALLEL_CONFIG_UNSUPPORTED = "parallel_config_unsupported"
     EXPERT_COUNT_UNSUPPORTED = "expert_count_unsupported"
     SHAPE_ALIGNMENT_UNSUPPORTED = "shape_alignment_unsupported"
-    ROUTING_UNSUPPORTED = "routing_unsupported"
     BATCH_INVARIANCE_UNSUPPORTED = "batch_invariance_unsupported"
     LORA_UNSUPPORTED = "lora_unsupported"
     #: An experts class's own ``supports(ctx)`` check refused.

@@ -40,11 +40,20 @@ class NoFeasibleBackendError(MoEPolicyError, RuntimeError):
 
     def __init__(self, decision: Decision) -> None:
         self.decision = decision
-        lines = [f"no MoE backend can run this layer ({decision.layer_label()}):"]
+        platform = decision.context.get("platform", ("?", ""))[0]
+        request_only = [c.backend for c in decision.candidates if c.reason_code is None]
+        head = f"no MoE backend can run this layer ({decision.layer_label()})"
+        if request_only:
+            head = (
+                f"no backend of the {platform} priority list can run this layer "
+                f"({decision.layer_label()}); feasible on request only: {', '.join(request_only)}"
+            )
+        lines = [head + ":"]
         for cand in decision.candidates:
+            if cand.reason_code is None:
+                continue
             rule = f" [rule {cand.rule}]" if cand.rule else ""
-            code = cand.reason_code.value if cand.reason_code else "feasible"
-            lines.append(f"  - {cand.backend}: {code} ({cand.detail}){rule}")
+            lines.append(f"  - {cand.backend}: {cand.reason_code.value} ({cand.detail}){rule}")
         super().__init__("\n".join(lines))
 
 

@@ -80,6 +80,8 @@ def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | N
         return R.PARALLEL_CONFIG_UNSUPPORTED, f"all2all {all2all} is not supported"
     if v.get("parallel.eplb") and not spec.eplb:
         return R.PARALLEL_CONFIG_UNSUPPORTED, "EPLB is not supported"
+    if v.get("model.has_bias") and not spec.bias:
+        return R.ACTIVATION_UNSUPPORTED, "expert biases are not supported"
     local = v.get("model.local_experts")
     if spec.max_experts is not None and local is not None and local > spec.max_experts:
         return R.EXPERT_COUNT_UNSUPPORTED, f"{local} local experts > {spec.max_experts}"
@@ -88,6 +90,12 @@ def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | N
         return (
             R.SHAPE_ALIGNMENT_UNSUPPORTED,
             f"intermediate size per partition {inter} is not a multiple of {spec.intermediate_multiple}",
+        )
+    hidden = v.get("model.hidden_size")
+    if spec.hidden_multiple and hidden is not None and hidden % spec.hidden_multiple:
+        return (
+            R.SHAPE_ALIGNMENT_UNSUPPORTED,
+            f"hidden size {hidden} is not a multiple of {spec.hidden_multiple}",
         )
     if v.get("batch_invariant") and not spec.batch_invariant:
         return R.BATCH_INVARIANCE_UNSUPPORTED, "batch-invariant kernels required; this backend is not"

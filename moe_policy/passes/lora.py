@@ -41,6 +41,11 @@ class LoRAPass:
                         NAME, ReasonCode.LORA_UNSUPPORTED,
                         f"{cand.backend} cannot apply LoRA adapters to the experts",
                     )
+                elif spec.lora_rank_multiple and (ctx.get("lora.max_rank") or 0) % spec.lora_rank_multiple:
+                    cand = cand.eliminate(
+                        NAME, ReasonCode.LORA_UNSUPPORTED,
+                        f"lora.max_rank {ctx.get('lora.max_rank')} is not a multiple of {spec.lora_rank_multiple}",
+                    )
                 elif spec.lora == "conditional":
                     failing = [
                         _describe(c.key, c.op, c.operand, ctx.get(c.key))

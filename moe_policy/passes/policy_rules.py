@@ -1,12 +1,15 @@
 """Policy rules: forbid / require (hard) and prefer / demote (order), in rule order.
 
 A rule with ``action: audit`` is evaluated and recorded but changes nothing.
+``prefer`` and ``require`` also make the backends they name rankable when the
+platform's priority list leaves them out (the policy asked for them by name).
 Version-added: 0.1.0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from moe_policy.context import SelectionContext
 from moe_policy.decision import Candidate, ReasonCode, RuleRecord
@@ -17,7 +20,10 @@ NAME = "policy_rules"
 
 
 def _reorder(candidates: list[Candidate], backends: Sequence[str], to_front: bool) -> list[Candidate]:
-    moved = [c for name in backends for c in candidates if c.backend == name]
+    moved = [
+        replace(c, listed=True) if to_front else c
+        for name in backends for c in candidates if c.backend == name
+    ]
     rest = [c for c in candidates if c.backend not in backends]
     return [*moved, *rest] if to_front else [*rest, *moved]
 
@@ -56,7 +62,8 @@ class RulesPass:
                         f"rule {rule.id} requires one of {', '.join(rule.backends)}: {rule.reason}",
                         rule.id,
                     )
-                    if c.alive and c.backend not in rule.backends else c
+                    if c.alive and c.backend not in rule.backends
+                    else (replace(c, listed=True) if c.backend in rule.backends else c)
                     for c in cands
                 ]
             else:

@@ -32,7 +32,7 @@ def test_lora_capable_backends():
     assert {s.name: s.lora for s in catalog} == {
         "triton": "true", "batched_triton": "true", "flashinfer_cutlass": "false",
         "flashinfer_trtllm": "conditional", "aiter": "false", "cpu": "false", "xpu": "false",
-        "tpu": "delegated", "oot": "delegated", "torch_grouped_mm": "false", "reference": "true",
+        "tpu": "delegated", "oot": "delegated", "torch_grouped_mm": "true", "reference": "true",
     }
 
 
