@@ -61,11 +61,13 @@ _PREFILL = [
 ]
 
 
-def _tiles(block_m: int, gated_gemm1: bool) -> list[tuple[int, int, int, int]]:
+def _tiles(block_m: int, gated_gemm1: bool) -> list[tuple[int, int, int, int, bool]]:
+    """(block_n, block_k, warps, stages, one_dot); gated prefill tries one and two dots."""
     base = _DECODE if block_m <= 32 else (_MID if block_m == 64 else _PREFILL)
     if gated_gemm1 and block_m >= 64:
-        return [(max(32, bn // 2), bk, w, s) for bn, bk, w, s in base]
-    return list(base)
+        halved = [(max(32, bn // 2), bk, w, s) for bn, bk, w, s in base]
+        return [(*t, True) for t in halved] + [(*t, False) for t in halved]
+    return [(*t, False) for t in base]
 
 
 def candidates(shape: MoEShape, t: int) -> list[MoEConfig]:
@@ -82,7 +84,9 @@ def candidates(shape: MoEShape, t: int) -> list[MoEConfig]:
         gm = 1 if bm <= 32 else 8
         for j in range(max(len(t1), len(t2))):
             a, b = t1[j % len(t1)], t2[j % len(t2)]
-            g1 = _fit_stages(bm, GemmConfig(a[0], a[1], gm, a[2], a[3]), 2 if shape.gated else 1)
+            g1 = _fit_stages(
+                bm, GemmConfig(a[0], a[1], gm, a[2], a[3], a[4]), 2 if shape.gated else 1
+            )
             g2 = _fit_stages(bm, GemmConfig(b[0], b[1], gm, b[2], b[3]), 1)
             c = MoEConfig(bm, g1, g2)
             if c not in out:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ class GemmConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    one_dot: bool = False  # gated GEMM 1: gate and up as one 2*block_n wide dot
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,11 @@ def _smem_bytes(block_m: int, cfg: GemmConfig, b_tiles: int, elem: int = 2) -> i
 
 def _fit_stages(block_m: int, cfg: GemmConfig, b_tiles: int) -> GemmConfig:
     stages = cfg.num_stages
-    while stages > 2 and _smem_bytes(block_m, GemmConfig(cfg.block_n, cfg.block_k, cfg.group_m,
-                                                           cfg.num_warps, stages), b_tiles) > _SMEM_LIMIT:  # fmt: skip
+    while (
+        stages > 2 and _smem_bytes(block_m, replace(cfg, num_stages=stages), b_tiles) > _SMEM_LIMIT
+    ):
         stages -= 1
-    return GemmConfig(cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, stages)
+    return replace(cfg, num_stages=stages)
 
 
 def heuristic_config(
@@ -98,10 +100,11 @@ def heuristic_config(
     b1 = 2 if gated else 1
     if block_m >= 64:
         big = block_m == 128
+        # gated: gate and up as one 2*block_n wide wgmma (the 128x256 tile of non-gated GEMMs)
         g1 = (
-            GemmConfig(128 if gated else 256, 64, 8, 8, 4)
+            GemmConfig(128 if gated else 256, 64, 8, 8, 4, one_dot=gated)
             if big
-            else GemmConfig(64 if gated else 128, 64, 8, 4, 4)
+            else GemmConfig(64 if gated else 128, 64, 8, 4, 4, one_dot=gated)
         )
         g2 = GemmConfig(256, 64, 8, 8, 4) if big else GemmConfig(128, 64, 8, 4, 4)
     else:

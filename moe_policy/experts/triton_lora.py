@@ -7,10 +7,13 @@ Math, per (token, slot) pair ``i`` with token ``t = i // k``, expert ``e`` and a
     expand:  acc[i, n] += sum_r u[s, i, r] * B[s, l, e, n, r]   # inside the GEMM epilogue
 
 Layout (``lora.py``): ``w13_a [S, L, E, R, H]``, ``w13_b [S, L, E, I, R]``, ``w2_a [L, E, R, I]``,
-``w2_b [L, E, H, R]``; ``enabled [L]`` int32; ``u`` is ``[S, numel, R]`` float32. The shrink
-reuses the MoE alignment (blocks of one expert); grid axis 1 is the adapter slot, and a program
-only touches the rows of its slot, so several adapters mix in one block. Rows without an adapter
-are never written in ``u`` and never read: their delta is exactly zero.
+``w2_b [L, E, H, R]``; ``enabled [L]`` int32; ``u`` is ``[S, numel, R]`` float32. Both use
+"slot-expanded" columns: column ``c`` of a ``[BLOCK_M, L*R]`` tile stands for (slot ``c // R``,
+rank ``c % R``), so one dot applies a different adapter to each row of a block (rows hold zeros
+outside their slot's columns). The shrink reuses the MoE alignment (blocks of one expert) and
+keeps each row's own columns; grid axis 1 splits ``L*R`` into chunks of at most 64 columns
+(one chunk for 4 adapters of rank 16). A and B rows of slots absent from a block are not read.
+Rows without an adapter are never written in ``u`` and never read: their delta is exactly zero.
 
 Limits: ``S`` in {1, 2}; rank ``R`` <= 128 (padded to a power of two >= 16 in registers);
 the expand adds ``u`` (cast to the compute dtype) times ``B`` with fp32 accumulation.
@@ -44,16 +47,68 @@ def lora_slots(
     return tl.where(on != 0, slot, -1)
 
 
+def lora_block_sizes(rank: int, num_slots: int) -> tuple[int, int, int]:
+    """(BLOCK_R, LR_BLOCK, chunks): padded rank, slot-expanded columns per chunk, chunk count."""
+    block_r = max(16, triton.next_power_of_2(rank))
+    total = triton.next_power_of_2(max(1, num_slots)) * block_r
+    lr_block = max(block_r, min(total, 64))
+    return block_r, lr_block, triton.cdiv(num_slots * block_r, lr_block)
+
+
 @triton.jit
-def lora_expand_tile(
+def lora_expand_operands(
+    slot,
+    pairs,
+    offs_n,
+    expert,
+    c0,
+    # pointers
+    u_ptr,  # [numel, R] float32 shrink output of this slice
+    lb_ptr,  # B of this slice, [L, E, N, R]
+    # sizes
+    rank,
+    # strides
+    stride_um,
+    stride_ur,
+    stride_lbl,
+    stride_lbe,
+    stride_lbn,
+    stride_lbr,
+    # constexpr
+    BLOCK_R: tl.constexpr,
+    LR_BLOCK: tl.constexpr,
+):
+    """Slot-expanded u [BLOCK_M, LR_BLOCK] and B [LR_BLOCK, BLOCK_N] for columns c0.. of the chunk.
+
+    Column ``c`` stands for (slot ``c // BLOCK_R``, rank index ``c % BLOCK_R``): a row holds its u
+    in its own slot's columns and zeros elsewhere, so ``u @ B`` applies each row's adapter.
+    """
+    cols = c0 + tl.arange(0, LR_BLOCK)
+    col_slot = cols // BLOCK_R
+    col_r = cols % BLOCK_R
+    u_mask = (slot[:, None] == col_slot[None, :]) & (col_r < rank)[None, :]
+    u = tl.load(
+        u_ptr + pairs.to(tl.int64)[:, None] * stride_um + col_r[None, :] * stride_ur,
+        mask=u_mask,
+        other=0.0,
+    )
+    present = tl.max(u_mask.to(tl.int32), 0) > 0  # columns of a slot used in this block
+    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + col_slot[:, None] * stride_lbl
+    b_ptrs += col_r[:, None] * stride_lbr + offs_n[None, :] * stride_lbn
+    b = tl.load(b_ptrs, mask=present[:, None], other=0.0)
+    return u, b
+
+
+@triton.jit
+def lora_expand_add(
     acc,
     slot,
     pairs,
     offs_n,
     expert,
     # pointers
-    u_ptr,  # [numel, R] float32 shrink output of this slice
-    lb_ptr,  # B of this slice, [L, E, N, R]
+    u_ptr,
+    lb_ptr,
     # sizes
     num_slots,
     rank,
@@ -66,26 +121,20 @@ def lora_expand_tile(
     stride_lbr,
     # constexpr
     BLOCK_R: tl.constexpr,
+    LR_BLOCK: tl.constexpr,
     DTYPE: tl.constexpr,  # compute dtype of the dot
 ):
-    """``acc + u @ B[slot, expert]^T`` for the rows that have an adapter (others unchanged)."""
-    # shrink output of the rows that have an adapter
-    offs_r = tl.arange(0, BLOCK_R)
-    r_mask = offs_r < rank
-    u = tl.load(
-        u_ptr + pairs.to(tl.int64)[:, None] * stride_um + offs_r[None, :] * stride_ur,
-        mask=(slot >= 0)[:, None] & r_mask[None, :],
-        other=0.0,
-    )
-    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + offs_r[:, None] * stride_lbr
-    b_ptrs += offs_n[None, :] * stride_lbn
-    # one small dot per adapter present in the block
-    for sid in range(0, num_slots):
-        sel = slot == sid
-        if tl.sum(sel.to(tl.int32), 0) > 0:
-            u_s = tl.where(sel[:, None], u, 0.0).to(DTYPE)
-            b_s = tl.load(b_ptrs + sid * stride_lbl, mask=r_mask[:, None], other=0.0).to(DTYPE)
-            acc = tl.dot(u_s, b_s, acc)
+    """``acc + u @ B[slot, expert]^T`` for rows with an adapter, one dot per chunk of slots."""
+    lo = tl.min(tl.where(slot >= 0, slot, num_slots), 0)
+    hi = tl.max(slot, 0)
+    for c0 in range(0, num_slots * BLOCK_R, LR_BLOCK):
+        if (hi >= c0 // BLOCK_R) & (lo < (c0 + LR_BLOCK) // BLOCK_R):
+            u, b = lora_expand_operands(
+                slot, pairs, offs_n, expert, c0, u_ptr, lb_ptr, rank,
+                stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, LR_BLOCK,
+            )  # fmt: skip
+            acc = tl.dot(u.to(DTYPE), b.to(DTYPE), acc)
     return acc
 
 
@@ -124,12 +173,13 @@ def _lora_shrink_kernel(
     NAIVE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    LR_BLOCK: tl.constexpr,  # slot-expanded columns of this program (grid axis 1 = chunk)
     BLOCK_K: tl.constexpr,
 ):
-    """u[s, rows of slot sid in block] = a[rows] @ A[s, sid, expert]^T."""
-    # block -> pairs and expert; exit when no row of slot sid is here
+    """u[s, pair] = a[row] @ A[s, slot, expert]^T for the block's rows whose slot is in the chunk."""
+    # block -> pairs, expert and slots; exit when no row's slot is in this chunk
     pid_m = tl.program_id(0)
-    sid = tl.program_id(1)
+    c0 = tl.program_id(1) * LR_BLOCK
     pairs, expert, live = block_pairs(
         pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, topk_ids_ptr,
         numel, num_experts, BLOCK_M, NAIVE,
@@ -138,33 +188,38 @@ def _lora_shrink_kernel(
         return
     pair_mask = pairs < numel
     slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
-    rows = pair_mask & (slot == sid)
+    rows = pair_mask & (slot >= c0 // BLOCK_R) & (slot < (c0 + LR_BLOCK) // BLOCK_R)
     if tl.sum(rows.to(tl.int32), 0) == 0:
         return
-    # pointers to the activation rows and to A[s, l, expert] read as [K, R]
+    # slot-expanded columns: (slot c // BLOCK_R, rank index c % BLOCK_R), used ones only
+    cols = c0 + tl.arange(0, LR_BLOCK)
+    col_slot = cols // BLOCK_R
+    col_r = cols % BLOCK_R
+    hit = (slot[:, None] == col_slot[None, :]) & (col_r < rank)[None, :]
+    col_ok = tl.max(hit.to(tl.int32), 0) > 0
+    # pointers to the activation rows and to A[s, col_slot, expert, col_r, :] read as [K, cols]
     offs_k = tl.arange(0, BLOCK_K)
-    offs_r = tl.arange(0, BLOCK_R)
-    r_mask = offs_r < rank
     a_rows = (pairs // A_ROW_DIV).to(tl.int64)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    la_ptrs = la_ptr + sid * stride_lal + expert.to(tl.int64) * stride_lae
-    la_ptrs += offs_r[None, :] * stride_lar + offs_k[:, None] * stride_lak
+    la_ptrs = la_ptr + expert.to(tl.int64) * stride_lae + col_slot[None, :] * stride_lal
+    la_ptrs += col_r[None, :] * stride_lar + offs_k[:, None] * stride_lak
     # accumulate over K in fp32, one accumulator per slice
-    acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_M, LR_BLOCK), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, LR_BLOCK), dtype=tl.float32)
     for kk in range(0, tl.cdiv(K, BLOCK_K)):
         k_mask = offs_k < K - kk * BLOCK_K
         a = tl.load(a_ptrs, mask=rows[:, None] & k_mask[None, :], other=0.0)
-        w0 = tl.load(la_ptrs, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
+        w_mask = k_mask[:, None] & col_ok[None, :]
+        w0 = tl.load(la_ptrs, mask=w_mask, other=0.0)
         acc0 = tl.dot(a, w0.to(a.dtype), acc0)
         if NUM_SLICES == 2:
-            w1 = tl.load(la_ptrs + stride_las, mask=k_mask[:, None] & r_mask[None, :], other=0.0)
+            w1 = tl.load(la_ptrs + stride_las, mask=w_mask, other=0.0)
             acc1 = tl.dot(a, w1.to(a.dtype), acc1)
         a_ptrs += BLOCK_K * stride_ak
         la_ptrs += BLOCK_K * stride_lak
-    # store the rows of this slot
-    u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um + offs_r[None, :] * stride_ur
-    u_mask = rows[:, None] & r_mask[None, :]
+    # each row keeps the columns of its own slot
+    u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um + col_r[None, :] * stride_ur
+    u_mask = rows[:, None] & hit
     tl.store(u_ptrs, acc0, mask=u_mask)
     if NUM_SLICES == 2:
         tl.store(u_ptrs + stride_us, acc1, mask=u_mask)
@@ -200,16 +255,16 @@ def lora_shrink(
     u = torch.empty(s, numel, rank, dtype=torch.float32, device=a.device)
     if numel == 0 or slots == 0:
         return u
-    block_r = max(16, triton.next_power_of_2(rank))
-    block_k = max(16, min(128, triton.next_power_of_2(k_dim)))
-    _lora_shrink_kernel[(num_blocks, slots)](
+    block_r, lr_block, chunks = lora_block_sizes(rank, slots)
+    block_k = max(16, min(128 if block_m <= 64 else 64, triton.next_power_of_2(k_dim)))
+    _lora_shrink_kernel[(num_blocks, chunks)](
         a, lora_a, u, topk_ids, sorted_ids, expert_ids, num_padded, lora_map, lora_enabled,
         k_dim, numel, num_experts, rank,
         a.stride(0), a.stride(1),
         lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3), lora_a.stride(4),
         u.stride(0), u.stride(1), u.stride(2),
         A_ROW_DIV=a_row_div, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
-        BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k,
-        num_warps=4, num_stages=3,
+        BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k,
+        num_warps=4 if block_m <= 64 else 8, num_stages=3,
     )  # fmt: skip
     return u

@@ -13,11 +13,12 @@ where block ``b`` holds pair ``b`` alone) -> [LoRA shrink of x] -> GEMM 1 + acti
 (skipped when k = 1: GEMM 2 then writes the output).
 
 Weight layout expected by the kernels (``TritonExperts.convert_weights`` produces it from the
-common layout): ``w13 [E, N1, H]`` with the gate rows ``0..I-1`` first and the up rows
-``I..2I-1`` next (``swigluoai``'s interleaved rows are split into these halves), or
-``[E, I, H]`` non-gated; ``w2 [E, H, I]``; biases ``[E, N1]`` and ``[E, H]``. A gated GEMM-1
-program loads the gate and the up tile of the same columns, so the activation is applied in
-registers and only ``[numel, I]`` is written.
+common layout): gated ``w13 [E, 2I, H]`` interleaved, gate of column ``n`` at row ``2n`` and up
+at ``2n + 1`` (``swigluoai``'s own layout; the ``[gate; up]`` layout of the other gated
+activations is interleaved), or ``[E, I, H]`` non-gated; ``w2 [E, H, I]``; biases ``[E, N1]``
+(interleaved like w13) and ``[E, H]``. A gated GEMM-1 program reads the gate and the up rows of
+the same columns (one ``2 BLOCK_N`` wide dot, split into even and odd columns, or two dots), so
+the activation is applied in registers and only ``[numel, I]`` is written.
 
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
@@ -39,7 +40,14 @@ from moe_policy.experts.align import block_pairs, moe_align
 from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton_config import MoEConfig, get_config
-from moe_policy.experts.triton_lora import MAX_RANK, lora_expand_tile, lora_shrink, lora_slots
+from moe_policy.experts.triton_lora import (
+    MAX_RANK,
+    lora_block_sizes,
+    lora_expand_add,
+    lora_expand_operands,
+    lora_shrink,
+    lora_slots,
+)
 
 #: Activation codes of the GEMM-1 epilogue (0 = none, used by GEMM 2).
 ACTIVATION_CODES = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu2": 4, "swigluoai": 5}
@@ -128,12 +136,15 @@ def _moe_gemm_kernel(
     WEIGHT_POS: tl.constexpr,  # 0 none, 1 before bias (on input), 2 after bias (on output)
     HAS_BIAS: tl.constexpr,
     HAS_LORA: tl.constexpr,
+    LORA_PREFETCH: tl.constexpr,  # small tiles: LoRA operands loaded before the loop, dot after
     NAIVE: tl.constexpr,
+    ONE_DOT: tl.constexpr,  # gated: one [BLOCK_M, 2 BLOCK_N] dot instead of two
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # LoRA rank, padded to a power of two >= 16
+    LR_BLOCK: tl.constexpr,  # slot-expanded LoRA columns per chunk (a multiple of BLOCK_R)
     GROUP_M: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
@@ -153,52 +164,101 @@ def _moe_gemm_kernel(
         return
     pair_mask = pairs < numel
 
-    # pointers: A rows of this block, B tile [BLOCK_K, BLOCK_N] of this expert (N wrapped)
+    # LoRA: slot of each row; small tiles fetch the expand operands before the main loop
+    if HAS_LORA:
+        slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
+        offs_lb = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        if LORA_PREFETCH:
+            u0, lb0 = lora_expand_operands(
+                slot, pairs, offs_lb, expert, 0, lora_u_ptr, lora_b_ptr, lora_rank,
+                stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, LR_BLOCK,
+            )  # fmt: skip
+            if GATED:
+                u1, lb1 = lora_expand_operands(
+                    slot, pairs, offs_lb, expert, 0, lora_u_ptr + stride_us,
+                    lora_b_ptr + stride_lbs, lora_rank,
+                    stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                    BLOCK_R, LR_BLOCK,
+                )  # fmt: skip
+
+    # pointers: A rows of this block; B tile of this expert, [BLOCK_K, BLOCK_N] or, gated,
+    # the interleaved gate/up rows of the same columns (N wrapped, stores masked)
     offs_k = tl.arange(0, BLOCK_K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
     a_rows = (pairs // A_ROW_DIV).to(tl.int64)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + expert.to(tl.int64) * stride_be
-    b_ptrs += offs_bn[None, :] * stride_bn + offs_k[:, None] * stride_bk
-    up_off = N * stride_bn
+    b_base = b_ptr + expert.to(tl.int64) * stride_be
+    if GATED and ONE_DOT:
+        rows_gu = (pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)) % (2 * N)
+        b_ptrs = b_base + rows_gu[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    elif GATED:
+        b_ptrs = b_base + (2 * offs_bn)[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    else:
+        b_ptrs = b_base + offs_bn[None, :] * stride_bn + offs_k[:, None] * stride_bk
 
-    # main loop: fp32 accumulators (gate and up for gated GEMM 1)
+    # LoRA delta u @ B^T for rows with an adapter (zero for the others): with large tiles it is
+    # computed first and the main loop accumulates onto it (nothing extra is live after the loop)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
-            b = tl.load(b_ptrs)
-        else:
-            k_mask = offs_k < K - kk * BLOCK_K
-            a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
-        acc = tl.dot(a, b, acc)
-        if GATED:
-            if EVEN_K:
-                b_u = tl.load(b_ptrs + up_off)
-            else:
-                b_u = tl.load(b_ptrs + up_off, mask=k_mask[:, None], other=0.0)
-            acc_u = tl.dot(a, b_u, acc_u)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-
-    # epilogue 1: LoRA delta (rows with an adapter only)
-    if HAS_LORA:
-        slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
-        acc = lora_expand_tile(
-            acc, slot, pairs, offs_bn, expert, lora_u_ptr, lora_b_ptr, num_slots, lora_rank,
+    if HAS_LORA and not LORA_PREFETCH:
+        dt = b_ptr.dtype.element_ty
+        acc = lora_expand_add(
+            acc, slot, pairs, offs_lb, expert, lora_u_ptr, lora_b_ptr, num_slots, lora_rank,
             stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-            BLOCK_R, b_ptr.dtype.element_ty,
+            BLOCK_R, LR_BLOCK, dt,
         )  # fmt: skip
         if GATED:
-            acc_u = lora_expand_tile(
-                acc_u, slot, pairs, offs_bn, expert, lora_u_ptr + stride_us,
+            acc_u = lora_expand_add(
+                acc_u, slot, pairs, offs_lb, expert, lora_u_ptr + stride_us,
                 lora_b_ptr + stride_lbs, num_slots, lora_rank,
                 stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, b_ptr.dtype.element_ty,
+                BLOCK_R, LR_BLOCK, dt,
             )  # fmt: skip
+
+    # main loop, fp32 accumulation
+    if GATED and ONE_DOT:
+        # one [BLOCK_M, 2 BLOCK_N] dot; even columns are gate, odd columns up
+        acc2 = tl.reshape(tl.join(acc, acc_u), (BLOCK_M, 2 * BLOCK_N))
+        for kk in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
+                b = tl.load(b_ptrs)
+            else:
+                k_mask = offs_k < K - kk * BLOCK_K
+                a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
+            acc2 = tl.dot(a, b, acc2)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        acc, acc_u = tl.split(tl.reshape(acc2, (BLOCK_M, BLOCK_N, 2)))
+    else:
+        # one dot (non-gated) or two (gate rows 2n, up rows 2n + 1)
+        for kk in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
+                b = tl.load(b_ptrs)
+            else:
+                k_mask = offs_k < K - kk * BLOCK_K
+                a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
+            acc = tl.dot(a, b, acc)
+            if GATED:
+                if EVEN_K:
+                    b_u = tl.load(b_ptrs + stride_bn)
+                else:
+                    b_u = tl.load(b_ptrs + stride_bn, mask=k_mask[:, None], other=0.0)
+                acc_u = tl.dot(a, b_u, acc_u)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+
+    # epilogue 1: LoRA delta of small tiles, from the operands fetched before the loop
+    if HAS_LORA and LORA_PREFETCH:
+        dt = b_ptr.dtype.element_ty
+        acc = tl.dot(u0.to(dt), lb0.to(dt), acc)
+        if GATED:
+            acc_u = tl.dot(u1.to(dt), lb1.to(dt), acc_u)
 
     # epilogue 2: router weight, bias, activation (the order of the reference)
     if WEIGHT_POS != 0:
@@ -207,10 +267,12 @@ def _moe_gemm_kernel(
         acc = acc * w[:, None]
         acc_u = acc_u * w[:, None]
     if HAS_BIAS:
-        bias_ptrs = bias_ptr + expert.to(tl.int64) * stride_bias_e + offs_bn * stride_bias_n
-        acc += tl.load(bias_ptrs).to(tl.float32)[None, :]
-        if GATED:
-            acc_u += tl.load(bias_ptrs + N * stride_bias_n).to(tl.float32)[None, :]
+        bias_ptrs = bias_ptr + expert.to(tl.int64) * stride_bias_e
+        if GATED:  # interleaved like w13: gate 2n, up 2n + 1
+            acc += tl.load(bias_ptrs + (2 * offs_bn) * stride_bias_n).to(tl.float32)[None, :]
+            acc_u += tl.load(bias_ptrs + (2 * offs_bn + 1) * stride_bias_n).to(tl.float32)[None, :]
+        else:
+            acc += tl.load(bias_ptrs + offs_bn * stride_bias_n).to(tl.float32)[None, :]
     if ACT != 0:
         acc = _apply_act(acc, acc_u, ACT, GATED, ALPHA, LIMIT)
     if WEIGHT_POS == 2:
@@ -327,7 +389,7 @@ def fused_moe_triton(
     config: MoEConfig | None = None,
     naive: bool | None = None,
 ) -> torch.Tensor:
-    """Fused MoE on ``x`` [T, H] with w13 in gate-first layout; returns [T, H] in x.dtype."""
+    """Fused MoE on ``x`` [T, H]; gated w13 interleaved (gate even rows); returns [T, H]."""
     # check shapes, dtypes and strides
     _check(x.dim() == 2 and w13.dim() == 3 and w2.dim() == 3,
            f"expected x [T, H], w13 [E, N1, H], w2 [E, H, I]; got x {tuple(x.shape)}, "
@@ -416,14 +478,15 @@ def fused_moe_triton(
         lmap = len_ = topk_ids
         slots, rank = 0, 1
         u13 = lb13 = x
-    block_r = max(16, triton.next_power_of_2(rank))
+    block_r, lr_block, chunks = lora_block_sizes(rank, slots)
 
     # GEMM 1 + activation -> act [numel, I]
     act_out = torch.empty(numel, i, dtype=x.dtype, device=x.device)
     g1 = cfg.gemm1
     bias1 = w13_bias if w13_bias is not None else x
     common = dict(
-        NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, TOP_K=k,
+        NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, LR_BLOCK=lr_block, TOP_K=k,
+        LORA_PREFETCH=has_lora and chunks == 1 and bm <= 32,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit),
     )  # fmt: skip
     _moe_gemm_kernel[(num_blocks * triton.cdiv(i, g1.block_n),)](
@@ -437,7 +500,7 @@ def fused_moe_triton(
         A_ROW_DIV=k, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
         HAS_BIAS=w13_bias is not None, HAS_LORA=has_lora, EVEN_K=h % g1.block_k == 0,
-        BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=g1.group_m,
+        ONE_DOT=g1.one_dot, BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=g1.group_m,
         num_warps=g1.num_warps, num_stages=g1.num_stages, **common,
     )  # fmt: skip
 
@@ -464,7 +527,7 @@ def fused_moe_triton(
         A_ROW_DIV=1, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
         HAS_BIAS=w2_bias is not None, HAS_LORA=has_lora, EVEN_K=i % g2.block_k == 0,
-        BLOCK_N=g2.block_n, BLOCK_K=g2.block_k, GROUP_M=g2.group_m,
+        ONE_DOT=False, BLOCK_N=g2.block_n, BLOCK_K=g2.block_k, GROUP_M=g2.group_m,
         num_warps=g2.num_warps, num_stages=g2.num_stages, **common,
     )  # fmt: skip
     if direct:
@@ -485,9 +548,11 @@ def _lora_u_strides(u: torch.Tensor) -> tuple[int, int, int]:
     return u.stride(0), u.stride(1), u.stride(2)
 
 
-def _deinterleave_rows(w: torch.Tensor) -> torch.Tensor:
-    """Even rows (gate) then odd rows (up) along dim 1."""
-    return torch.cat([w[:, 0::2], w[:, 1::2]], dim=1).contiguous()
+def _interleave_rows(w: torch.Tensor) -> torch.Tensor:
+    """[gate; up] rows along dim 1 -> gate at even rows, up at odd rows (a new tensor)."""
+    e, n1 = w.shape[0], w.shape[1]
+    half = n1 // 2
+    return torch.stack([w[:, :half], w[:, half:]], dim=2).reshape(e, n1, *w.shape[2:]).contiguous()
 
 
 class TritonExperts(FusedMoEExperts):
@@ -525,7 +590,7 @@ class TritonExperts(FusedMoEExperts):
         w13_bias: torch.Tensor | None = None,
         w2_bias: torch.Tensor | None = None,
     ) -> dict[str, Any]:
-        """Common layout -> gate-first w13 (swigluoai de-interleaved); inputs untouched."""
+        """Common layout -> interleaved gated w13 (gate even rows, up odd rows); inputs untouched."""
         c = config
         e, h, i, n1 = c.num_experts, c.hidden_size, c.intermediate_size, c.w13_rows
         _check(
@@ -539,11 +604,10 @@ class TritonExperts(FusedMoEExperts):
                 and tuple(w13_bias.shape) == (e, n1) and tuple(w2_bias.shape) == (e, h),
                 f"has_bias=True needs w13_bias [{e}, {n1}] and w2_bias [{e}, {h}]",
             )  # fmt: skip
-        interleaved = c.activation == "swigluoai"
-        if interleaved:
-            w13 = _deinterleave_rows(w13)
+        if c.gated and c.activation != "swigluoai":  # swigluoai is interleaved already
+            w13 = _interleave_rows(w13)
             if w13_bias is not None:
-                w13_bias = _deinterleave_rows(w13_bias.unsqueeze(-1)).squeeze(-1)
+                w13_bias = _interleave_rows(w13_bias.unsqueeze(-1)).squeeze(-1)
         return {
             "w13": w13.contiguous(),
             "w2": w2.contiguous(),

@@ -23,6 +23,7 @@ from moe_cases import (  # noqa: E402
     rel_err,
 )
 
+from moe_policy.experts import triton_config as tc  # noqa: E402
 from moe_policy.experts.align import moe_align  # noqa: E402
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
@@ -126,6 +127,38 @@ def test_lora_matches_reference(cfg, t, mapping, ranks, disabled, device):
         assert rel_err(base[active], ref[active]) > 10 * REL_TOL[dtype]
     # tokens without an (enabled) adapter get exactly the base output
     assert torch.equal(out[~active], base[~active])
+
+
+#: BLOCK_M 64: the LoRA delta is computed before the main loop instead of prefetched.
+TILES_64 = tc.MoEConfig(
+    64, tc.GemmConfig(32, 32, 4, 4, 2, one_dot=True), tc.GemmConfig(32, 32, 4, 4, 2)
+)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "tiles", "max_rank", "ranks"),
+    [
+        (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64, 16, [16, 8, 16]),
+        (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64, 64, [64, 8, 40]),
+        (ExpertsConfig(8, 48, 32, 2, "swigluoai", has_bias=True), None, 64, [64, 16, 8]),
+    ],
+    ids=["bm64-one-dot", "bm64-rank64-chunks", "rank64-chunks"],
+)
+def test_lora_large_tiles_and_ranks(cfg, tiles, max_rank, ranks, device):
+    """Delta-first large tiles and rank 64 (several slot chunks) match the reference."""
+    dtype = dtypes_for_device()[0]
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(19, cfg.hidden_size, dtype, device)
+    tw, ti = make_routing(19, cfg.num_experts, cfg.top_k, device, seed=9)
+    ad = make_lora(cfg, num_slots=3, max_rank=max_rank, ranks=ranks, dtype=dtype, device=device)
+    ctx = lora_context(ad, lora_mapping(19, "some_none", 3, device))
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"],
+                            tile_config=tiles)  # fmt: skip
+    out = backend.apply(x, tw, ti, ctx)
+    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+    none = ctx.token_lora_mapping < 0
+    assert torch.equal(out[none], backend.apply(x, tw, ti)[none])
 
 
 @pytest.mark.parametrize("dtype", dtypes_for_device())

@@ -31,6 +31,10 @@ REL_TOL = {torch.float32: 1e-3 if ON_GPU else 1e-5, torch.float16: 3e-3, torch.b
 
 #: Small tiles that force several K steps, several N tiles and partial tiles on tiny shapes.
 SMALL_TILES = tc.MoEConfig(16, tc.GemmConfig(16, 32, 2, 4, 2), tc.GemmConfig(32, 16, 1, 4, 2))
+#: The same with gated GEMM 1 as one [BLOCK_M, 2 BLOCK_N] dot split into gate and up columns.
+SMALL_TILES_ONE_DOT = tc.MoEConfig(
+    16, tc.GemmConfig(16, 32, 2, 4, 2, one_dot=True), tc.GemmConfig(32, 16, 1, 4, 2)
+)
 
 
 def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=None,
@@ -175,13 +179,21 @@ def test_triton_routing_shapes(t, routing, naive, device):
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("gated", [True, False])
-def test_triton_small_tiles(gated, device):
-    """Several K steps, N tiles and partial tiles (H, I not multiples of the tiles) stay exact."""
+@pytest.mark.parametrize(
+    ("act", "gated", "tiles"),
+    [
+        ("silu", True, SMALL_TILES),
+        ("swigluoai", True, SMALL_TILES_ONE_DOT),
+        ("gelu", True, SMALL_TILES_ONE_DOT),
+        ("relu2", False, SMALL_TILES),
+    ],
+)
+def test_triton_small_tiles(act, gated, tiles, device):
+    """Several K steps, N tiles and partial tiles (H, I not multiples of the tiles), two-dot
+    and one-dot gated GEMM 1, match the reference."""
     dtype = dtypes_for_device()[-1]
-    act = "silu" if gated else "relu2"
     cfg = ExpertsConfig(6, 72, 40, 3, act, gated=gated, has_bias=True)
-    err = _run(cfg, 23, dtype, device, tiles=SMALL_TILES)
+    err = _run(cfg, 23, dtype, device, tiles=tiles)
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
 
 
@@ -216,8 +228,8 @@ def test_triton_experts_class_contract(device):
 
 
 def test_convert_weights_is_pure(device):
-    """convert_weights leaves its inputs and the config untouched and de-interleaves swigluoai."""
-    cfg = ExpertsConfig(4, 16, 8, 2, "swigluoai", has_bias=True)
+    """convert_weights leaves its inputs and the config untouched and interleaves gate/up rows."""
+    cfg = ExpertsConfig(4, 16, 8, 2, "silu", has_bias=True)
     wts = make_weights(cfg, torch.float32, device)
     before = {k: v.clone() for k, v in wts.items() if v is not None}
     cfg_before = ExpertsConfig(**cfg.__dict__)
@@ -227,10 +239,15 @@ def test_convert_weights_is_pure(device):
     for k, v in before.items():
         assert torch.equal(wts[k], v), k
     assert cfg == cfg_before
-    assert torch.equal(conv["w13"][:, :8], wts["w13"][:, 0::2])
-    assert torch.equal(conv["w13"][:, 8:], wts["w13"][:, 1::2])
-    assert torch.equal(conv["w13_bias"][:, :8], wts["w13_bias"][:, 0::2])
+    assert torch.equal(conv["w13"][:, 0::2], wts["w13"][:, :8])
+    assert torch.equal(conv["w13"][:, 1::2], wts["w13"][:, 8:])
+    assert torch.equal(conv["w13_bias"][:, 1::2], wts["w13_bias"][:, 8:])
     assert conv["w13"].data_ptr() != wts["w13"].data_ptr()
+    oai = ExpertsConfig(4, 16, 8, 2, "swigluoai", has_bias=True)
+    conv = TritonExperts.convert_weights(
+        oai, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    assert torch.equal(conv["w13"], wts["w13"])  # already interleaved
 
 
 def test_launcher_rejects_bad_input(device):
