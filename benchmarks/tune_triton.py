@@ -66,7 +66,7 @@ def _tiles(block_m: int, gated_gemm1: bool) -> list[tuple[int, int, int, int, bo
     base = _DECODE if block_m <= 32 else (_MID if block_m == 64 else _PREFILL)
     if gated_gemm1 and block_m >= 64:
         halved = [(max(32, bn // 2), bk, w, s) for bn, bk, w, s in base]
-        return [(*t, True) for t in halved] + [(*t, False) for t in halved]
+        return [(*t, True) for t in halved] + [(*t, False) for t in halved[:2]]
     return [(*t, False) for t in base]
 
 
@@ -206,7 +206,7 @@ def time_config(shape: MoEShape, t: int, cfg: MoEConfig, sets: list) -> dict[str
 
 def tune_point(shape: MoEShape, t: int, cands: list[MoEConfig]) -> tuple[MoEConfig, dict[str, Any]]:
     """Best config at (shape, t) and the measurements behind it."""
-    sets = _inputs(shape, t, 4 if t <= 1024 else 2)
+    sets = _inputs(shape, t, 3 if t <= 1024 else 2)
     res = [(c, time_config(shape, t, c, sets)) for c in cands]
     best: tuple[float, MoEConfig] | None = None
     for bm in sorted({c.block_m for c in cands}):
