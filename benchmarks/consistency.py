@@ -113,7 +113,8 @@ def main() -> None:
         "benchmark": "check_agreement", "backend": "gloo", "ranks": WORLD, "layers": LAYERS,
         "calls": args.calls, "warmup": WARMUP, "target_ms": TARGET_MS,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                    "platform": platform.platform()},
+                    "platform": platform.platform(),
+                    "load_average_1m": round(os.getloadavg()[0], 2)},  # other work skews gloo timings
         "cases": {},
     }
     print(f"check_agreement, {LAYERS} layers, {WORLD} gloo ranks, median of {args.calls} calls (slowest rank)")
