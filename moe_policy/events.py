@@ -4,8 +4,10 @@ Event names are part of the contract: ``moe_policy.decision`` (info, once per
 fingerprint per process, with a count), ``moe_policy.request_overridden``
 (warning), ``moe_policy.request_adapted`` (info), ``moe_policy.knob_ignored``
 (warning), ``moe_policy.rule_audit`` (info), ``moe_policy.no_feasible_backend``
-(error), ``moe_policy.audit_failed`` (warning). The library never configures
-structlog; the application (or ``moe-policy``) does.
+(error), ``moe_policy.audit_failed`` (warning); the cross-rank check adds
+``moe_policy.agreement`` (info), ``moe_policy.decision_mismatch`` (error, or warning
+under ``consistency: warn``) and ``moe_policy.decision_inputs_differ`` (warning).
+The library never configures structlog; the application (or ``moe-policy``) does.
 """
 
 from __future__ import annotations
