@@ -17,6 +17,7 @@ the library never does.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import importlib.util
 import os
@@ -95,8 +96,24 @@ def exit_code(exc: MoEPolicyError) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, configure logging for the terminal, run the command."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Parse ``argv``, configure logging for the terminal, run the command.
+
+    Called without ``argv`` (the console script), the process is short-lived: cyclic
+    garbage collection is switched off and the heap frozen before exit, which spares
+    the interpreter a full collection over every imported object at shutdown (about a
+    fifth of an ``explain`` run). Callers that pass ``argv`` keep the collector as is.
+    """
+    console = argv is None
+    if console:
+        gc.disable()
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        if console:
+            gc.freeze()
+
+
+def _main(argv: list[str]) -> int:
     commands = available_commands(_requested(argv))
     args = build_parser(commands).parse_args(argv)
     from moe_policy.commands.logsetup import configure_logging

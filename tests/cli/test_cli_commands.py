@@ -97,3 +97,19 @@ def test_cli_path_imports_neither_torch_nor_triton():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert done.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_in_process_main_returns_the_code_and_leaves_the_collector_alone(capsys):
+    """main(argv) returns its exit code; only the console script (argv=None) tunes gc."""
+    import gc
+    import json
+
+    import structlog
+
+    frozen = gc.get_freeze_count()
+    try:
+        assert cli.main(["backends", "--json"]) == 0
+    finally:
+        structlog.reset_defaults()
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    assert json.loads(capsys.readouterr().out)["catalog"] == "configs/backends.yaml"
