@@ -378,7 +378,7 @@ def main() -> None:
     p.add_argument(
         "--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=sorted(IMPLEMENTATIONS)
     )
-    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--replays", type=int, default=50)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--tag", default="kernels")
     p.add_argument("--warm", action="store_true", help="only compile/run once (parallel warm-up)")

@@ -68,6 +68,7 @@ def lora_expand_operands(
     # sizes
     rank,
     # strides
+    stride_uk,
     stride_um,
     stride_ur,
     stride_lbl,
@@ -77,6 +78,7 @@ def lora_expand_operands(
     # constexpr
     BLOCK_R: tl.constexpr,
     LR_BLOCK: tl.constexpr,
+    U_SPLIT: tl.constexpr,  # split-K partials of u to sum (fixed order)
 ):
     """Slot-expanded u [BLOCK_M, LR_BLOCK] and B [LR_BLOCK, BLOCK_N] for columns c0.. of the chunk.
 
@@ -87,11 +89,10 @@ def lora_expand_operands(
     col_slot = cols // BLOCK_R
     col_r = cols % BLOCK_R
     u_mask = (slot[:, None] == col_slot[None, :]) & (col_r < rank)[None, :]
-    u = tl.load(
-        u_ptr + pairs.to(tl.int64)[:, None] * stride_um + col_r[None, :] * stride_ur,
-        mask=u_mask,
-        other=0.0,
-    )
+    u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um + col_r[None, :] * stride_ur
+    u = tl.load(u_ptrs, mask=u_mask, other=0.0)
+    for sp in tl.static_range(1, U_SPLIT):
+        u += tl.load(u_ptrs + sp * stride_uk, mask=u_mask, other=0.0)
     present = tl.max(u_mask.to(tl.int32), 0) > 0  # columns of a slot used in this block
     b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + col_slot[:, None] * stride_lbl
     b_ptrs += col_r[:, None] * stride_lbr + offs_n[None, :] * stride_lbn
@@ -113,6 +114,7 @@ def lora_expand_add(
     num_slots,
     rank,
     # strides
+    stride_uk,
     stride_um,
     stride_ur,
     stride_lbl,
@@ -122,6 +124,7 @@ def lora_expand_add(
     # constexpr
     BLOCK_R: tl.constexpr,
     LR_BLOCK: tl.constexpr,
+    U_SPLIT: tl.constexpr,
     DTYPE: tl.constexpr,  # compute dtype of the dot
 ):
     """``acc + u @ B[slot, expert]^T`` for rows with an adapter, one dot per chunk of slots."""
@@ -131,8 +134,8 @@ def lora_expand_add(
         if (hi >= c0 // BLOCK_R) & (lo < (c0 + LR_BLOCK) // BLOCK_R):
             u, b = lora_expand_operands(
                 slot, pairs, offs_n, expert, c0, u_ptr, lb_ptr, rank,
-                stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, LR_BLOCK,
+                stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, LR_BLOCK, U_SPLIT,
             )  # fmt: skip
             acc = tl.dot(u.to(DTYPE), b.to(DTYPE), acc)
     return acc
@@ -163,6 +166,7 @@ def _lora_shrink_kernel(
     stride_lae,
     stride_lar,
     stride_lak,
+    stride_uk,
     stride_us,
     stride_um,
     stride_ur,
@@ -175,11 +179,13 @@ def _lora_shrink_kernel(
     BLOCK_R: tl.constexpr,
     LR_BLOCK: tl.constexpr,  # slot-expanded columns of this program (grid axis 1 = chunk)
     BLOCK_K: tl.constexpr,
+    K_STEPS: tl.constexpr,  # BLOCK_K steps per program; grid axis 2 = split-K part
 ):
     """u[s, pair] = a[row] @ A[s, slot, expert]^T for the block's rows whose slot is in the chunk."""
     # block -> pairs, expert and slots; exit when no row's slot is in this chunk
     pid_m = tl.program_id(0)
     c0 = tl.program_id(1) * LR_BLOCK
+    part = tl.program_id(2)
     pairs, expert, live = block_pairs(
         pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, topk_ids_ptr,
         numel, num_experts, BLOCK_M, NAIVE,
@@ -198,16 +204,17 @@ def _lora_shrink_kernel(
     hit = (slot[:, None] == col_slot[None, :]) & (col_r < rank)[None, :]
     col_ok = tl.max(hit.to(tl.int32), 0) > 0
     # pointers to the activation rows and to A[s, col_slot, expert, col_r, :] read as [K, cols]
+    k0 = part * K_STEPS * BLOCK_K
     offs_k = tl.arange(0, BLOCK_K)
     a_rows = (pairs // A_ROW_DIV).to(tl.int64)
-    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
     la_ptrs = la_ptr + expert.to(tl.int64) * stride_lae + col_slot[None, :] * stride_lal
-    la_ptrs += col_r[None, :] * stride_lar + offs_k[:, None] * stride_lak
+    la_ptrs += col_r[None, :] * stride_lar + (k0 + offs_k)[:, None] * stride_lak
     # accumulate over K in fp32, one accumulator per slice
     acc0 = tl.zeros((BLOCK_M, LR_BLOCK), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_M, LR_BLOCK), dtype=tl.float32)
-    for kk in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k < K - kk * BLOCK_K
+    for kk in range(0, K_STEPS):
+        k_mask = offs_k < K - k0 - kk * BLOCK_K
         a = tl.load(a_ptrs, mask=rows[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & col_ok[None, :]
         w0 = tl.load(la_ptrs, mask=w_mask, other=0.0)
@@ -217,8 +224,9 @@ def _lora_shrink_kernel(
             acc1 = tl.dot(a, w1.to(a.dtype), acc1)
         a_ptrs += BLOCK_K * stride_ak
         la_ptrs += BLOCK_K * stride_lak
-    # each row keeps the columns of its own slot
-    u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um + col_r[None, :] * stride_ur
+    # each row keeps the columns of its own slot (this split-K part's partial sum)
+    u_ptrs = u_ptr + part * stride_uk + pairs.to(tl.int64)[:, None] * stride_um
+    u_ptrs += col_r[None, :] * stride_ur
     u_mask = rows[:, None] & hit
     tl.store(u_ptrs, acc0, mask=u_mask)
     if NUM_SLICES == 2:
@@ -239,8 +247,12 @@ def lora_shrink(
     block_m: int,
     naive: bool,
     a_row_div: int,
+    split_k: int = 1,
 ) -> torch.Tensor:
-    """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]) for every pair; returns u [S, numel, R] fp32."""
+    """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]); returns u [split_k, S, numel, R] fp32.
+
+    With ``split_k > 1`` each part holds a partial sum over a slice of K (the expand adds them
+    in order); used when there are too few blocks to fill the GPU (decode)."""
     if lora_a.dim() != 5:
         raise ValueError(f"lora_a must be [S, L, E, R, K], got shape {tuple(lora_a.shape)}")
     s, slots, num_experts, rank, k_dim = lora_a.shape
@@ -252,19 +264,22 @@ def lora_shrink(
         raise ValueError(f"lora_a has {s} slices and rank {rank}; expected 1-2 and <= {MAX_RANK}")
     top_k = topk_ids.shape[1]
     numel = topk_ids.numel()
-    u = torch.empty(s, numel, rank, dtype=torch.float32, device=a.device)
-    if numel == 0 or slots == 0:
-        return u
     block_r, lr_block, chunks = lora_block_sizes(rank, slots)
     block_k = max(16, min(128 if block_m <= 64 else 64, triton.next_power_of_2(k_dim)))
-    _lora_shrink_kernel[(num_blocks, chunks)](
+    steps = triton.cdiv(k_dim, block_k)
+    k_steps = triton.cdiv(steps, max(1, min(split_k, steps)))
+    parts = triton.cdiv(steps, k_steps)
+    u = torch.empty(parts, s, numel, rank, dtype=torch.float32, device=a.device)
+    if numel == 0 or slots == 0:
+        return u
+    _lora_shrink_kernel[(num_blocks, chunks, parts)](
         a, lora_a, u, topk_ids, sorted_ids, expert_ids, num_padded, lora_map, lora_enabled,
         k_dim, numel, num_experts, rank,
         a.stride(0), a.stride(1),
         lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3), lora_a.stride(4),
-        u.stride(0), u.stride(1), u.stride(2),
+        u.stride(0), u.stride(1), u.stride(2), u.stride(3),
         A_ROW_DIV=a_row_div, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
-        BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k, K_STEPS=k_steps,
         num_warps=4 if block_m <= 64 else 8, num_stages=3,
     )  # fmt: skip
     return u

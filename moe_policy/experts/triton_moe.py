@@ -23,7 +23,8 @@ the activation is applied in registers and only ``[numel, I]`` is written.
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
 captured in a CUDA graph. Workspace: ``[T*k, I]`` + ``[T*k, H]`` in the compute dtype (the
-second is skipped when k = 1), plus ``[S+1, T*k, R]`` fp32 with LoRA.
+second is skipped when k = 1), plus ``[S+1, T*k, R]`` fp32 with LoRA (times the split-K parts,
+at most 8, when fewer than ``SHRINK_MIN_PROGRAMS`` blocks exist, i.e. small batches).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ ACTIVATION_CODES = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu2": 4, "swigluoai
 #: Router-weight position codes: not applied / before the bias (on input) / after it (on output).
 _WEIGHT_NONE, _WEIGHT_INPUT, _WEIGHT_OUTPUT = 0, 1, 2
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Below this many M blocks the LoRA shrink splits K (up to 8 parts) to fill the GPU.
+SHRINK_MIN_PROGRAMS = 128
 
 
 @triton.jit
@@ -95,7 +98,7 @@ def _moe_gemm_kernel(
     sorted_ids_ptr,  # alignment: pairs grouped by expert
     expert_ids_ptr,  # alignment: expert of each block
     num_padded_ptr,  # alignment: rows in use
-    lora_u_ptr,  # [S, numel, R] fp32 shrink output (HAS_LORA)
+    lora_u_ptr,  # [U_SPLIT, S, numel, R] fp32 shrink output, split-K partials (HAS_LORA)
     lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
     lora_map_ptr,  # [T] int32 slot per token
     lora_enabled_ptr,  # [L] int32
@@ -117,6 +120,7 @@ def _moe_gemm_kernel(
     stride_cn,
     stride_bias_e,
     stride_bias_n,
+    stride_uk,
     stride_us,
     stride_um,
     stride_ur,
@@ -145,6 +149,7 @@ def _moe_gemm_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,  # LoRA rank, padded to a power of two >= 16
     LR_BLOCK: tl.constexpr,  # slot-expanded LoRA columns per chunk (a multiple of BLOCK_R)
+    U_SPLIT: tl.constexpr,  # split-K partials in the LoRA shrink output
     GROUP_M: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
@@ -171,15 +176,15 @@ def _moe_gemm_kernel(
         if LORA_PREFETCH:
             u0, lb0 = lora_expand_operands(
                 slot, pairs, offs_lb, expert, 0, lora_u_ptr, lora_b_ptr, lora_rank,
-                stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, LR_BLOCK,
+                stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, LR_BLOCK, U_SPLIT,
             )  # fmt: skip
             if GATED:
                 u1, lb1 = lora_expand_operands(
                     slot, pairs, offs_lb, expert, 0, lora_u_ptr + stride_us,
                     lora_b_ptr + stride_lbs, lora_rank,
-                    stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                    BLOCK_R, LR_BLOCK,
+                    stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                    BLOCK_R, LR_BLOCK, U_SPLIT,
                 )  # fmt: skip
 
     # pointers: A rows of this block; B tile of this expert, [BLOCK_K, BLOCK_N] or, gated,
@@ -198,29 +203,12 @@ def _moe_gemm_kernel(
     else:
         b_ptrs = b_base + offs_bn[None, :] * stride_bn + offs_k[:, None] * stride_bk
 
-    # LoRA delta u @ B^T for rows with an adapter (zero for the others): with large tiles it is
-    # computed first and the main loop accumulates onto it (nothing extra is live after the loop)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if HAS_LORA and not LORA_PREFETCH:
-        dt = b_ptr.dtype.element_ty
-        acc = lora_expand_add(
-            acc, slot, pairs, offs_lb, expert, lora_u_ptr, lora_b_ptr, num_slots, lora_rank,
-            stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-            BLOCK_R, LR_BLOCK, dt,
-        )  # fmt: skip
-        if GATED:
-            acc_u = lora_expand_add(
-                acc_u, slot, pairs, offs_lb, expert, lora_u_ptr + stride_us,
-                lora_b_ptr + stride_lbs, num_slots, lora_rank,
-                stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, LR_BLOCK, dt,
-            )  # fmt: skip
-
     # main loop, fp32 accumulation
     if GATED and ONE_DOT:
         # one [BLOCK_M, 2 BLOCK_N] dot; even columns are gate, odd columns up
-        acc2 = tl.reshape(tl.join(acc, acc_u), (BLOCK_M, 2 * BLOCK_N))
+        acc2 = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
         for kk in range(0, tl.cdiv(K, BLOCK_K)):
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
@@ -253,12 +241,27 @@ def _moe_gemm_kernel(
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
 
-    # epilogue 1: LoRA delta of small tiles, from the operands fetched before the loop
-    if HAS_LORA and LORA_PREFETCH:
+    # epilogue 1: LoRA delta u @ B^T for rows with an adapter (zero for the others); small
+    # tiles use the operands fetched before the loop, large tiles load them now (one dot/chunk)
+    if HAS_LORA:
         dt = b_ptr.dtype.element_ty
-        acc = tl.dot(u0.to(dt), lb0.to(dt), acc)
-        if GATED:
-            acc_u = tl.dot(u1.to(dt), lb1.to(dt), acc_u)
+        if LORA_PREFETCH:
+            acc = tl.dot(u0.to(dt), lb0.to(dt), acc)
+            if GATED:
+                acc_u = tl.dot(u1.to(dt), lb1.to(dt), acc_u)
+        else:
+            acc = lora_expand_add(
+                acc, slot, pairs, offs_lb, expert, lora_u_ptr, lora_b_ptr, num_slots, lora_rank,
+                stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, LR_BLOCK, U_SPLIT, dt,
+            )  # fmt: skip
+            if GATED:
+                acc_u = lora_expand_add(
+                    acc_u, slot, pairs, offs_lb, expert, lora_u_ptr + stride_us,
+                    lora_b_ptr + stride_lbs, num_slots, lora_rank,
+                    stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                    BLOCK_R, LR_BLOCK, U_SPLIT, dt,
+                )  # fmt: skip
 
     # epilogue 2: router weight, bias, activation (the order of the reference)
     if WEIGHT_POS != 0:
@@ -472,11 +475,12 @@ def fused_moe_triton(
             num_padded=num_padded, lora_map=lmap, lora_enabled=len_,
             num_blocks=num_blocks, block_m=bm, naive=naive,
         )  # fmt: skip
-        u13 = lora_shrink(x, ad.w13_a, a_row_div=k, **shrink_args)  # type: ignore[arg-type]
+        split = max(1, min(8, SHRINK_MIN_PROGRAMS // max(1, num_blocks)))
+        u13 = lora_shrink(x, ad.w13_a, a_row_div=k, split_k=split, **shrink_args)  # type: ignore[arg-type]
         lb13 = ad.w13_b
     else:
         lmap = len_ = topk_ids
-        slots, rank = 0, 1
+        slots, rank, split = 0, 1, 1
         u13 = lb13 = x
     block_r, lr_block, chunks = lora_block_sizes(rank, slots)
 
@@ -486,7 +490,7 @@ def fused_moe_triton(
     bias1 = w13_bias if w13_bias is not None else x
     common = dict(
         NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, LR_BLOCK=lr_block, TOP_K=k,
-        LORA_PREFETCH=has_lora and chunks == 1 and bm <= 32,
+        LORA_PREFETCH=has_lora and chunks == 1 and bm <= 32 and split == 1,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit),
     )  # fmt: skip
     _moe_gemm_kernel[(num_blocks * triton.cdiv(i, g1.block_n),)](
@@ -495,18 +499,21 @@ def fused_moe_triton(
         x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
         act_out.stride(0), act_out.stride(1),
         bias1.stride(0) if w13_bias is not None else 0, bias1.stride(1) if w13_bias is not None else 0,
-        *(_lora_u_strides(u13) if has_lora else (0, 0, 0)),
+        *(u13.stride() if has_lora else (0, 0, 0, 0)),
         *(lb13.stride() if has_lora else (0, 0, 0, 0, 0)),
         A_ROW_DIV=k, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
         HAS_BIAS=w13_bias is not None, HAS_LORA=has_lora, EVEN_K=h % g1.block_k == 0,
+        U_SPLIT=u13.shape[0] if has_lora else 1,
         ONE_DOT=g1.one_dot, BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=g1.group_m,
         num_warps=g1.num_warps, num_stages=g1.num_stages, **common,
     )  # fmt: skip
 
     # LoRA: shrink of the activation for w2
     if lora is not None:
-        u2 = lora_shrink(act_out, lora.adapters.w2_a.unsqueeze(0), a_row_div=1, **shrink_args)  # type: ignore[arg-type]
+        u2 = lora_shrink(
+            act_out, lora.adapters.w2_a.unsqueeze(0), a_row_div=1, split_k=split, **shrink_args
+        )  # type: ignore[arg-type]
         lb2 = lora.adapters.w2_b.unsqueeze(0)
     else:
         u2 = lb2 = x
@@ -522,11 +529,12 @@ def fused_moe_triton(
         act_out.stride(0), act_out.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
         c2.stride(0), c2.stride(1),
         bias2.stride(0) if w2_bias is not None else 0, bias2.stride(1) if w2_bias is not None else 0,
-        *(_lora_u_strides(u2) if has_lora else (0, 0, 0)),
+        *(u2.stride() if has_lora else (0, 0, 0, 0)),
         *(lb2.stride() if has_lora else (0, 0, 0, 0, 0)),
         A_ROW_DIV=1, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
         HAS_BIAS=w2_bias is not None, HAS_LORA=has_lora, EVEN_K=i % g2.block_k == 0,
+        U_SPLIT=u2.shape[0] if has_lora else 1,
         ONE_DOT=False, BLOCK_N=g2.block_n, BLOCK_K=g2.block_k, GROUP_M=g2.group_m,
         num_warps=g2.num_warps, num_stages=g2.num_stages, **common,
     )  # fmt: skip
@@ -542,10 +550,6 @@ def fused_moe_triton(
         TOP_K=k, BLOCK_H=block_h, num_warps=4,
     )  # fmt: skip
     return out
-
-
-def _lora_u_strides(u: torch.Tensor) -> tuple[int, int, int]:
-    return u.stride(0), u.stride(1), u.stride(2)
 
 
 def _interleave_rows(w: torch.Tensor) -> torch.Tensor:

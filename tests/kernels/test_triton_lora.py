@@ -129,7 +129,21 @@ def test_lora_matches_reference(cfg, t, mapping, ranks, disabled, device):
     assert torch.equal(out[~active], base[~active])
 
 
-#: BLOCK_M 64: the LoRA delta is computed before the main loop instead of prefetched.
+def test_lora_split_k_shrink_matches_reference(device):
+    """Long K (H, I > 128, not multiples of the tile): the shrink splits K into partial sums."""
+    dtype = dtypes_for_device()[0]
+    cfg = ExpertsConfig(8, 272, 160, 2, "silu")
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(3, 272, dtype, device)
+    tw, ti = make_routing(3, 8, 2, device, seed=4)
+    ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
+    ctx = lora_context(ad, lora_mapping(3, "round_robin", 2, device))
+    out = TritonExperts(cfg, wts["w13"], wts["w2"]).apply(x, tw, ti, ctx)
+    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+#: BLOCK_M 64: the LoRA delta is added after the main loop from operands loaded there.
 TILES_64 = tc.MoEConfig(
     64, tc.GemmConfig(32, 32, 4, 4, 2, one_dot=True), tc.GemmConfig(32, 32, 4, 4, 2)
 )
@@ -188,11 +202,11 @@ def test_lora_all_tokens_on_disabled_slot_is_exactly_base(device):
     assert torch.equal(out, backend.apply(x, tw, ti))
 
 
-@pytest.mark.parametrize("naive", [False, True])
-def test_shrink_kernel_matches_torch(naive, device):
-    """u[s, pair] = A[s, slot, expert] @ x[token] for pairs with an adapter."""
+@pytest.mark.parametrize(("naive", "split_k"), [(False, 1), (True, 1), (False, 3)])
+def test_shrink_kernel_matches_torch(naive, split_k, device):
+    """u[s, pair] = A[s, slot, expert] @ x[token] for pairs with an adapter (split-K summed)."""
     dtype = dtypes_for_device()[-1]
-    t, e, k, h, r, slots = 5, 8, 2, 48, 8, 3
+    t, e, k, h, r, slots = 5, 8, 2, 400, 8, 3
     _, ti = make_routing(t, e, k, device)
     x = make_x(t, h, dtype, device)
     g = torch.Generator().manual_seed(0)
@@ -204,8 +218,11 @@ def test_shrink_kernel_matches_torch(naive, device):
         x, la, topk_ids=ti, sorted_ids=routing.sorted_ids, expert_ids=routing.expert_ids,
         num_padded=routing.num_padded, lora_map=lmap, lora_enabled=enabled,
         num_blocks=t * k if naive else routing.max_blocks, block_m=16, naive=naive, a_row_div=k,
+        split_k=split_k,
     )  # fmt: skip
-    assert u.shape == (2, t * k, r) and u.dtype == torch.float32
+    assert u.shape[1:] == (2, t * k, r) and u.dtype == torch.float32
+    assert u.shape[0] == 1 if split_k == 1 else 1 < u.shape[0] <= split_k  # parts of whole steps
+    u = u.sum(0)
     for p in range(t * k):
         tok, slot, ex = p // k, int(lmap[p // k]), int(ti.flatten()[p])
         if slot < 0 or int(enabled[slot]) == 0:
