@@ -44,7 +44,7 @@ from moe_policy.experts.triton_config import MoEConfig, get_config
 from moe_policy.experts.triton_lora import (
     MAX_RANK,
     lora_block_sizes,
-    lora_expand_add,
+    lora_expand_loop,
     lora_expand_operands,
     lora_shrink,
     lora_slots,
@@ -242,7 +242,7 @@ def _moe_gemm_kernel(
             b_ptrs += BLOCK_K * stride_bk
 
     # epilogue 1: LoRA delta u @ B^T for rows with an adapter (zero for the others); small
-    # tiles use the operands fetched before the loop, large tiles load them now (one dot/chunk)
+    # tiles use the operands fetched before the loop, large tiles one small dot per slot present
     if HAS_LORA:
         dt = b_ptr.dtype.element_ty
         if LORA_PREFETCH:
@@ -250,17 +250,17 @@ def _moe_gemm_kernel(
             if GATED:
                 acc_u = tl.dot(u1.to(dt), lb1.to(dt), acc_u)
         else:
-            acc = lora_expand_add(
+            acc = lora_expand_loop(
                 acc, slot, pairs, offs_lb, expert, lora_u_ptr, lora_b_ptr, num_slots, lora_rank,
                 stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, LR_BLOCK, U_SPLIT, dt,
+                BLOCK_R, U_SPLIT, dt,
             )  # fmt: skip
             if GATED:
-                acc_u = lora_expand_add(
+                acc_u = lora_expand_loop(
                     acc_u, slot, pairs, offs_lb, expert, lora_u_ptr + stride_us,
                     lora_b_ptr + stride_lbs, num_slots, lora_rank,
                     stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                    BLOCK_R, LR_BLOCK, U_SPLIT, dt,
+                    BLOCK_R, U_SPLIT, dt,
                 )  # fmt: skip
 
     # epilogue 2: router weight, bias, activation (the order of the reference)
