@@ -23,7 +23,8 @@ pytestmark = pytest.mark.gpu
 
 #: ||out - ref|| / ||ref|| in bf16 against the fp32 reference on the same bf16 inputs: the
 #: [T*k, I] activation, the [T*k, H] partials and the output are rounded to bf16 (2^-9
-#: relative each, random), LoRA's shrink output too; measured errors sit near 4e-3.
+#: relative each, random), LoRA's shrink output too; expected a few 1e-3 (the test does not
+#: print it; the bound passed at every shape on the H200, 2026-11-29).
 BF16_REL_TOL = 1.5e-2
 
 SHAPES = {
