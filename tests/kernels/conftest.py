@@ -2,7 +2,7 @@
 
 TRITON_INTERPRET must be set before triton is first imported, so it is set here,
 at collection time. The interpreter gets bf16 ``tl.dot`` wrong, so interpreted
-tests use fp16/fp32 and bf16 is checked on the GPU (see ``dtypes_for_device``).
+tests use fp16/fp32 and bf16 is checked on the GPU (see ``moe_cases.dtypes_for_device``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,3 @@ if not ON_GPU:
 def device() -> str:
     return "cuda" if ON_GPU else "cpu"
 
-
-def dtypes_for_device() -> list:
-    """bf16 only where tl.dot is trustworthy (the GPU); fp16/fp32 under the interpreter."""
-    return [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32]

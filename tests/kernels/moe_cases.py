@@ -7,6 +7,13 @@ import torch
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
 
+ON_GPU = torch.cuda.is_available()
+
+
+def dtypes_for_device() -> list[torch.dtype]:
+    """bf16 only where tl.dot is trustworthy (the GPU); fp16/fp32 under the interpreter."""
+    return [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32]
+
 
 def make_weights(
     cfg: ExpertsConfig, dtype: torch.dtype, device: str, seed: int = 0

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from test_batched_triton import make_weights, rel_l2
+from batched_cases import make_weights, rel_l2
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.flashinfer_cutlass import FlashInferCutlassExperts, swap_gate_up

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_batched_triton import FULL_SHAPES, make_lora, make_weights, rel_l2
+from batched_cases import FULL_SHAPES, make_lora, make_weights, rel_l2
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.grouped_mm import (

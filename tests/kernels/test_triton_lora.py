@@ -12,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from conftest import ON_GPU, dtypes_for_device  # noqa: E402
-from moe_cases import (  # noqa: E402
+from moe_cases import (  # noqa: E402  # noqa: E402
+    ON_GPU,
+    dtypes_for_device,
     lora_context,
     lora_mapping,
     make_lora,
