@@ -74,6 +74,42 @@ class ExpertsConfig:
         return 2 if self.gated else 1
 
 
+def check_common_layout(
+    config: ExpertsConfig,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+) -> None:
+    """ValueError naming what arrived when the weights are not ``config``'s common layout."""
+    e, n1, h, i = config.num_experts, config.w13_rows, config.hidden_size, config.intermediate_size
+    if tuple(w13.shape) != (e, n1, h) or tuple(w2.shape) != (e, h, i):
+        raise ValueError(
+            f"expected w13 {(e, n1, h)} and w2 {(e, h, i)}: weights w13 {tuple(w13.shape)}, "
+            f"w2 {tuple(w2.shape)} do not match the config {config}"
+        )
+    if config.has_bias and (w13_bias is None or w2_bias is None):
+        raise ValueError(f"has_bias=True needs w13_bias [{e}, {n1}] and w2_bias [{e}, {h}]")
+    for name, bias, shape in (("w13_bias", w13_bias, (e, n1)), ("w2_bias", w2_bias, (e, h))):
+        if bias is not None and tuple(bias.shape) != shape:
+            raise ValueError(f"expected {name} {shape}, got {tuple(bias.shape)}")
+
+
+def contiguous_layout(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+) -> dict[str, Any]:
+    """The weights as contiguous tensors (no copy when they already are)."""
+    return {
+        "w13": w13.contiguous(),
+        "w2": w2.contiguous(),
+        "w13_bias": None if w13_bias is None else w13_bias.contiguous(),
+        "w2_bias": None if w2_bias is None else w2_bias.contiguous(),
+    }
+
+
 class FusedMoEExperts(ABC):
     """A backend's experts computation in the standard ``[T, H]`` activation format."""
 

@@ -56,6 +56,8 @@ from moe_policy.experts.base import (
     NON_GATED_ACTIVATIONS,
     ExpertsConfig,
     FusedMoEExperts,
+    check_common_layout,
+    contiguous_layout,
 )
 from moe_policy.experts.lora import MoELoRAContext
 
@@ -550,19 +552,8 @@ class BatchedTritonExperts(FusedMoEExperts):
         w2_bias: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """The common layout, contiguous (no copy when it already is)."""
-        e, n1, h = config.num_experts, config.w13_rows, config.hidden_size
-        i = config.intermediate_size
-        if tuple(w13.shape) != (e, n1, h) or tuple(w2.shape) != (e, h, i):
-            raise ValueError(
-                f"expected w13 {(e, n1, h)} and w2 {(e, h, i)} for {config}; "
-                f"got w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
-            )
-        return {
-            "w13": w13.contiguous(),
-            "w2": w2.contiguous(),
-            "w13_bias": None if w13_bias is None else w13_bias.contiguous(),
-            "w2_bias": None if w2_bias is None else w2_bias.contiguous(),
-        }
+        check_common_layout(config, w13, w2, w13_bias, w2_bias)
+        return contiguous_layout(w13, w2, w13_bias, w2_bias)
 
     def apply(  # type: ignore[override]
         self,

@@ -34,7 +34,11 @@ from typing import Any
 
 import torch
 
-from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
+from moe_policy.experts.base import (
+    ExpertsConfig,
+    FusedMoEExperts,
+    check_common_layout,
+)
 from moe_policy.experts.lora import MoELoRAContext
 
 #: (gated, activation) -> FlashInfer ``ActivationType`` member name.
@@ -133,12 +137,8 @@ class FlashInferCutlassExperts(FusedMoEExperts):
             raise ValueError(reason)
         if w13_bias is not None or w2_bias is not None:
             raise ValueError("flashinfer_cutlass adapter does not pass expert biases")
-        e, n1, h, i = config.num_experts, config.w13_rows, config.hidden_size, config.intermediate_size
-        if tuple(w13.shape) != (e, n1, h) or tuple(w2.shape) != (e, h, i):
-            raise ValueError(
-                f"expected w13 {(e, n1, h)} and w2 {(e, h, i)} for {config}; "
-                f"got w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
-            )
+        check_common_layout(config, w13, w2)
+        i = config.intermediate_size
         fc1 = swap_gate_up(w13, i) if config.gated else w13.clone(memory_format=torch.contiguous_format)
         return {
             "fc1": fc1,

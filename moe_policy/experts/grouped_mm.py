@@ -42,7 +42,12 @@ from typing import Any
 
 import torch
 
-from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
+from moe_policy.experts.base import (
+    ExpertsConfig,
+    FusedMoEExperts,
+    check_common_layout,
+    contiguous_layout,
+)
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.reference import apply_activation
 
@@ -282,18 +287,8 @@ class TorchGroupedMMExperts(FusedMoEExperts):
         w2_bias: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """The common layout, contiguous (grouped_mm reads transposed views of it)."""
-        e, n1, h, i = config.num_experts, config.w13_rows, config.hidden_size, config.intermediate_size
-        if tuple(w13.shape) != (e, n1, h) or tuple(w2.shape) != (e, h, i):
-            raise ValueError(
-                f"expected w13 {(e, n1, h)} and w2 {(e, h, i)} for {config}; "
-                f"got w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
-            )
-        return {
-            "w13": w13.contiguous(),
-            "w2": w2.contiguous(),
-            "w13_bias": None if w13_bias is None else w13_bias.contiguous(),
-            "w2_bias": None if w2_bias is None else w2_bias.contiguous(),
-        }
+        check_common_layout(config, w13, w2, w13_bias, w2_bias)
+        return contiguous_layout(w13, w2, w13_bias, w2_bias)
 
     def apply(
         self,

@@ -53,16 +53,17 @@ class MoELoRAAdapters:
         """Zero-filled slots; every slot starts disabled."""
         if num_slices not in (1, 2):
             raise ValueError(f"num_slices must be 1 (non-gated) or 2 (gated), got {num_slices}")
-        s, l, e, r, h, i = num_slices, num_slots, num_experts, max_rank, hidden_size, intermediate_size
+        s, n, e, r, h, i = num_slices, num_slots, num_experts, max_rank, hidden_size, intermediate_size
+
         def z(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return cls(
-            w13_a=z(s, l, e, r, h),
-            w13_b=z(s, l, e, i, r),
-            w2_a=z(l, e, r, i),
-            w2_b=z(l, e, h, r),
-            enabled=torch.zeros(l, dtype=torch.int32, device=device),
+            w13_a=z(s, n, e, r, h),
+            w13_b=z(s, n, e, i, r),
+            w2_a=z(n, e, r, i),
+            w2_b=z(n, e, h, r),
+            enabled=torch.zeros(n, dtype=torch.int32, device=device),
         )
 
     @property

@@ -121,20 +121,20 @@ def fused_moe_reference(
         groups: list[tuple[int, torch.Tensor]] = []
         if lora is not None and mapping is not None and enabled is not None:
             slots = mapping[tok]
-            for l in torch.unique(slots).tolist():
-                if l < 0 or int(enabled[l]) == 0:
+            for slot in torch.unique(slots).tolist():
+                if slot < 0 or int(enabled[slot]) == 0:
                     continue
-                rows = torch.nonzero(slots == l, as_tuple=True)[0]
-                groups.append((l, rows))
-                h[rows] += _w13_lora_delta(xs[rows], lora, l, e, n1, interleaved)
+                rows = torch.nonzero(slots == slot, as_tuple=True)[0]
+                groups.append((slot, rows))
+                h[rows] += _w13_lora_delta(xs[rows], lora, slot, e, n1, interleaved)
         a = apply_activation(h, activation, gated, alpha=swiglu_alpha, limit=swiglu_limit)
         y = a @ w2[e].to(acc).t()
         if w2_bias is not None:
             y = y + w2_bias[e].to(acc)
-        for l, rows in groups:
+        for slot, rows in groups:
             ad = lora.adapters  # type: ignore[union-attr]
-            v = a[rows] @ ad.w2_a[l, e].to(acc).t()
-            y[rows] += v @ ad.w2_b[l, e].to(acc).t()
+            v = a[rows] @ ad.w2_a[slot, e].to(acc).t()
+            y[rows] += v @ ad.w2_b[slot, e].to(acc).t()
         if not apply_router_weight_on_input:
             y = y * w
         out.index_add_(0, tok, y)

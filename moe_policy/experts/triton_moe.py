@@ -38,7 +38,12 @@ import triton
 import triton.language as tl
 
 from moe_policy.experts.align import block_pairs, moe_align
-from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
+from moe_policy.experts.base import (
+    ExpertsConfig,
+    FusedMoEExperts,
+    check_common_layout,
+    contiguous_layout,
+)
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton_config import MoEConfig, get_config
 from moe_policy.experts.triton_lora import (
@@ -596,28 +601,12 @@ class TritonExperts(FusedMoEExperts):
     ) -> dict[str, Any]:
         """Common layout -> interleaved gated w13 (gate even rows, up odd rows); inputs untouched."""
         c = config
-        e, h, i, n1 = c.num_experts, c.hidden_size, c.intermediate_size, c.w13_rows
-        _check(
-            tuple(w13.shape) == (e, n1, h) and tuple(w2.shape) == (e, h, i),
-            f"weights w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)} do not match the config: "
-            f"want [{e}, {n1}, {h}] and [{e}, {h}, {i}]",
-        )
-        if c.has_bias:
-            _check(
-                w13_bias is not None and w2_bias is not None
-                and tuple(w13_bias.shape) == (e, n1) and tuple(w2_bias.shape) == (e, h),
-                f"has_bias=True needs w13_bias [{e}, {n1}] and w2_bias [{e}, {h}]",
-            )  # fmt: skip
+        check_common_layout(c, w13, w2, w13_bias, w2_bias)
         if c.gated and c.activation != "swigluoai":  # swigluoai is interleaved already
             w13 = _interleave_rows(w13)
             if w13_bias is not None:
                 w13_bias = _interleave_rows(w13_bias.unsqueeze(-1)).squeeze(-1)
-        return {
-            "w13": w13.contiguous(),
-            "w2": w2.contiguous(),
-            "w13_bias": None if w13_bias is None else w13_bias.contiguous(),
-            "w2_bias": None if w2_bias is None else w2_bias.contiguous(),
-        }
+        return contiguous_layout(w13, w2, w13_bias, w2_bias)
 
     def apply(
         self,

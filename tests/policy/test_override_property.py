@@ -8,7 +8,13 @@ import warnings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moe_policy import BackendOverrideError, BackendOverrideWarning, NoFeasibleBackendError, Outcome, Status
+from moe_policy import (
+    BackendOverrideError,
+    BackendOverrideWarning,
+    NoFeasibleBackendError,
+    Outcome,
+    Status,
+)
 from moe_policy.catalog import load_catalog
 from tests.conftest import GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
