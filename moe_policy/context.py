@@ -130,7 +130,8 @@ def coerce_value(key: str, value: Any, origin: Origin | str) -> Any:
     spec = CONTEXT_KEYS.get(key)
     if spec is None:
         raise PolicyError(
-            f"unknown context key {key!r}{did_you_mean(key, CONTEXT_KEYS)}", origin, key=key
+            f"unknown context key {key!r}{did_you_mean(key, CONTEXT_KEYS)}", origin, key=key,
+            code="unknown-context-key",
         )
     if value is None:
         return None

@@ -28,9 +28,15 @@ class MoEPolicyError(Exception):
 class PolicyError(MoEPolicyError, ValueError):
     """Bad input: policy file, env var, flag, API argument or model config; names its origin."""
 
-    def __init__(self, message: str, origin: Any = None, key: str | None = None) -> None:
+    def __init__(
+        self, message: str, origin: Any = None, key: str | None = None, code: str = "invalid-value"
+    ) -> None:
         self.origin = str(origin) if origin is not None else None
         self.key = key
+        #: The message without its origin prefix.
+        self.message = message
+        #: A finding code for ``moe-policy lint`` (``unknown-key``, ``malformed-yaml``, ...).
+        self.code = code
         prefix = f"{self.origin}: " if self.origin else ""
         super().__init__(prefix + message)
 

@@ -69,17 +69,6 @@ class Finding:
         }
 
 
-def _load_code(exc: PolicyError) -> str:
-    text = str(exc)
-    if "malformed YAML" in text:
-        return "malformed-yaml"
-    if "duplicate key" in text:
-        return "duplicate-key"
-    if "file not found" in text:
-        return "file-not-found"
-    return "unreadable"
-
-
 # ---------------------------------------------------------------- rule checks
 
 
@@ -302,8 +291,7 @@ def lint_file(path: str, catalog: Catalog | None = None) -> list[Finding]:
     try:
         loaded = load_yaml_file(path)
     except PolicyError as exc:
-        message = str(exc).split(": ", 1)[1] if exc.origin else str(exc)
-        return [Finding("error", _load_code(exc), message, exc.origin or str(Origin.file(path)))]
+        return [Finding("error", exc.code, exc.message, exc.origin or str(Origin.file(path)))]
     return lint_document(loaded, catalog)
 
 

@@ -198,7 +198,7 @@ def _make_condition(key: str, op: str, operand: Any, origin: Origin, sink: Probl
             return Condition(key, op, str(operand))
         return Condition(key, op, coerce_value(key, operand, origin))
     except PolicyError as exc:
-        sink.add("error", "invalid-value", str(exc).split(": ", 1)[-1] if exc.origin else str(exc), origin)
+        sink.add("error", exc.code, exc.message, origin)
         return None
 
 

@@ -90,6 +90,7 @@ def _check_duplicate_keys(node: Any, loaded_path: str) -> None:
                     Origin.file(
                         loaded_path, key_node.start_mark.line + 1, key_node.start_mark.column + 1
                     ),
+                    code="duplicate-key",
                 )
             seen[key_node.value] = key_node
             _check_duplicate_keys(value_node, loaded_path)
@@ -111,9 +112,9 @@ def parse_yaml_text(text: str, display_path: str, *, use_omegaconf: bool = True)
             else Origin.file(display_path)
         )
         problem = exc.problem or exc.context or "cannot parse"
-        raise PolicyError(f"malformed YAML: {problem}", origin) from None
+        raise PolicyError(f"malformed YAML: {problem}", origin, code="malformed-yaml") from None
     except yaml.YAMLError as exc:
-        raise PolicyError(f"malformed YAML: {exc}", Origin.file(display_path)) from None
+        raise PolicyError(f"malformed YAML: {exc}", Origin.file(display_path), code="malformed-yaml") from None
     marks: dict[KeyPath, tuple[int, int]] = {}
     key_marks: dict[KeyPath, tuple[int, int]] = {}
     if root is None:
@@ -147,7 +148,7 @@ def load_yaml_file(path: str | Path, *, display_path: str | None = None, use_ome
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PolicyError("file not found", Origin.file(shown)) from None
+        raise PolicyError("file not found", Origin.file(shown), code="file-not-found") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"cannot read file: {exc}", Origin.file(shown)) from None
+        raise PolicyError(f"cannot read file: {exc}", Origin.file(shown), code="unreadable") from None
     return parse_yaml_text(text, shown, use_omegaconf=use_omegaconf)

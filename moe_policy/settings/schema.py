@@ -51,7 +51,9 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
     """Normalise a settings value; PolicyError names the key, the value and the origin."""
     spec = SETTINGS_KEYS.get(key)
     if spec is None:
-        raise PolicyError(f"unknown setting {key!r}{did_you_mean(key, SETTINGS_KEYS)}", origin, key=key)
+        raise PolicyError(
+            f"unknown setting {key!r}{did_you_mean(key, SETTINGS_KEYS)}", origin, key=key, code="unknown-key"
+        )
     if spec.type == "backend":
         if not isinstance(value, str) or not value.strip():
             raise PolicyError(f"{key}: expected a backend name or 'auto', got {value!r}", origin, key=key)
@@ -60,7 +62,7 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
             raise PolicyError(
                 f"unknown MoE backend {value!r}{did_you_mean(name, (*catalog.names, 'auto'))}; "
                 f"known: auto, {', '.join(catalog.names)}",
-                origin, key=key,
+                origin, key=key, code="unknown-backend",
             )
         return name
     if spec.type == "choice":
@@ -89,7 +91,8 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
         for name in value:
             if name not in catalog:
                 raise PolicyError(
-                    f"{key}: unknown backend {name!r}{did_you_mean(name, catalog.names)}", origin, key=key
+                    f"{key}: unknown backend {name!r}{did_you_mean(name, catalog.names)}", origin, key=key,
+                    code="unknown-backend",
                 )
         return tuple(value)
     raise AssertionError(spec.type)
@@ -116,7 +119,7 @@ def parse_policy_document(
         try:
             entries.append(Entry(key, validate_setting(key, value, origin, catalog), origin))
         except PolicyError as exc:
-            sink.add("error", _code_for(exc), str(exc).split(": ", 1)[1] if exc.origin else str(exc), origin)
+            sink.add("error", exc.code, exc.message, origin)
 
     for key, value in data.items():
         if key not in TOP_LEVEL_KEYS:
@@ -174,11 +177,3 @@ def parse_policy_document(
                 rules.append(rule)
     return entries, rules
 
-
-def _code_for(exc: PolicyError) -> str:
-    text = str(exc)
-    if "unknown MoE backend" in text or "unknown backend" in text:
-        return "unknown-backend"
-    if "unknown setting" in text:
-        return "unknown-key"
-    return "invalid-value"
