@@ -25,7 +25,7 @@ from moe_policy.model import ModelFacts, load_model, model_facts_from_mapping
 from moe_policy.origin import Origin
 from moe_policy.passes.feasibility import ExtraCheck
 from moe_policy.platform import PlatformFacts
-from moe_policy.resolve import Resolver, relabel
+from moe_policy.resolve import Resolver
 from moe_policy.settings import Entry, Settings, resolve_settings
 
 ModelLike = str | os.PathLike[str] | Mapping[str, Any] | ModelFacts
@@ -148,12 +148,11 @@ class Selector:
         decision = self._layers.get(key)
         if decision is None:
             with self._lock:
-                ctx = self._context_for(layer_index, layer_kind)
                 if layer_index is not None and "layer.index" in self.resolver.excluded_keys:
                     # The index does not decide: reuse the kind's decision, relabelled.
-                    decision = relabel(self.decide(None, layer_kind), ctx)
+                    decision = self.decide(None, layer_kind).for_layer(layer_index)
                 else:
-                    decision = self.resolver.resolve(ctx)
+                    decision = self.resolver.resolve(self._context_for(layer_index, layer_kind))
                 self._layers[key] = decision
         return decision
 

@@ -268,14 +268,12 @@ class Decision:
     #: key -> (value, origin). Not decisive, so outside the fingerprint; not in ``to_dict()`` (v1).
     run_settings: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
 
-    def for_layer(self, index: int | None, kind: str | None = None) -> Decision:
+    def for_layer(self, index: int | None, index_origin: str = "api") -> Decision:
         """The same decision relabelled for another layer of the same signature."""
-        return replace(
-            self,
-            layer_index=index,
-            layer_kind=kind or self.layer_kind,
-            decision_id=new_decision_id(),
-        )
+        context = self.context
+        if context.get("layer.index", (None, ""))[0] != index:
+            context = {**context, "layer.index": (index, index_origin)}
+        return replace(self, layer_index=index, context=context, decision_id=new_decision_id())
 
     @property
     def override(self) -> Override | None:

@@ -92,7 +92,7 @@ class Resolver:
         fingerprint = self.fingerprint(ctx)
         cached = self._cache.get(fingerprint)
         if cached is not None:
-            return relabel(cached, ctx)
+            return cached.for_layer(ctx.get("layer.index"), ctx.origins.get("layer.index", "default"))
         decision = self._run(ctx, fingerprint)
         self._cache[fingerprint] = decision
         return decision
@@ -147,14 +147,3 @@ class Resolver:
             run_settings=self.run_settings,
         )
 
-
-def relabel(decision: Decision, ctx: SelectionContext) -> Decision:
-    """A cached decision for another layer with the same signature."""
-    index = ctx.get("layer.index")
-    context = decision.context
-    if context.get("layer.index", (None, ""))[0] != index:
-        context = {**context, "layer.index": (index, ctx.origins.get("layer.index", "default"))}
-    return replace(
-        decision.for_layer(index, str(ctx.get("layer.kind") or decision.layer_kind)),
-        context=context,
-    )
