@@ -228,21 +228,15 @@ def parse_rule(
         sink.add("error", "missing-field", "rule needs an `id` (a non-empty string)", here)
         rule_id = f"<rule at {here}>"
     effect = raw.get("effect")
-    if effect not in EFFECTS:
-        sink.add(
-            "error", "invalid-value",
-            f"rule {rule_id}: effect must be one of {', '.join(EFFECTS)}, got {effect!r}"
-            f"{did_you_mean(str(effect), EFFECTS)}",
-            origin_at((*path, "effect")),
-        )
     action = raw.get("action", "enforce")
-    if action not in ACTIONS:
-        sink.add(
-            "error", "invalid-value",
-            f"rule {rule_id}: action must be one of {', '.join(ACTIONS)}, got {action!r}"
-            f"{did_you_mean(str(action), ACTIONS)}",
-            origin_at((*path, "action")),
-        )
+    for field_name, value, choices in (("effect", effect, EFFECTS), ("action", action, ACTIONS)):
+        if value not in choices:
+            sink.add(
+                "error", "invalid-value",
+                f"rule {rule_id}: {field_name} must be one of {', '.join(choices)}, got {value!r}"
+                f"{did_you_mean(str(value), choices)}",
+                origin_at((*path, field_name)),
+            )
     backends_raw = raw.get("backends")
     backends: list[str] = []
     if not isinstance(backends_raw, list) or not backends_raw:

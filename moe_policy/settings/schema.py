@@ -6,7 +6,7 @@ The same parser serves loading (first error raises) and ``moe-policy lint``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +121,22 @@ def parse_policy_document(
         except PolicyError as exc:
             sink.add("error", exc.code, exc.message, origin)
 
+    def known_items(
+        key: str, value: Any, allowed: tuple[str, ...], expected: str, unknown: Callable[[str], str]
+    ) -> Iterator[tuple[str, Any]]:
+        """The entries of a nested mapping whose names are allowed; the rest are findings."""
+        if not isinstance(value, Mapping):
+            sink.add("error", "invalid-type", f"{key}: expected {expected}, got {value!r}", at((key,)))
+            return
+        for name, item in value.items():
+            if name not in allowed:
+                sink.add(
+                    "error", "unknown-key", unknown(name) + did_you_mean(str(name), allowed),
+                    loaded.origin((key, name), at_key=True),
+                )
+                continue
+            yield name, item
+
     for key, value in data.items():
         if key not in TOP_LEVEL_KEYS:
             sink.add(
@@ -136,30 +152,16 @@ def parse_policy_document(
         elif key in ("backend", "mode", "consistency"):
             add(key, value, (key,))
         elif key == "audit":
-            if not isinstance(value, Mapping):
-                sink.add("error", "invalid-type", f"audit: expected a mapping with {', '.join(AUDIT_KEYS)}, got {value!r}", at((key,)))
-                continue
-            for sub, subvalue in value.items():
-                if sub not in AUDIT_KEYS:
-                    sink.add(
-                        "error", "unknown-key",
-                        f"unknown key 'audit.{sub}'{did_you_mean(str(sub), AUDIT_KEYS)}",
-                        loaded.origin((key, sub), at_key=True),
-                    )
-                    continue
+            for sub, subvalue in known_items(
+                key, value, AUDIT_KEYS, f"a mapping with {', '.join(AUDIT_KEYS)}",
+                lambda name: f"unknown key 'audit.{name}'",
+            ):
                 add(f"audit.{sub}", subvalue, (key, sub))
         elif key == "priority":
-            if not isinstance(value, Mapping):
-                sink.add("error", "invalid-type", f"priority: expected a mapping of platform -> backends, got {value!r}", at((key,)))
-                continue
-            for platform, order in value.items():
-                if platform not in PLATFORMS:
-                    sink.add(
-                        "error", "unknown-key",
-                        f"priority: unknown platform {platform!r}{did_you_mean(str(platform), PLATFORMS)}",
-                        loaded.origin((key, platform), at_key=True),
-                    )
-                    continue
+            for platform, order in known_items(
+                key, value, PLATFORMS, "a mapping of platform -> backends",
+                lambda name: f"priority: unknown platform {name!r}",
+            ):
                 add(f"priority.{platform}", order, (key, platform))
         elif key == "rules":
             if not isinstance(value, list):

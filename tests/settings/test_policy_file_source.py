@@ -109,3 +109,31 @@ def test_duplicate_yaml_key_is_an_error(tmp_path: Path):
     f.write_text("mode: warn\nmode: strict\n")
     with pytest.raises(PolicyError, match=r"2:1: duplicate key 'mode' \(first defined at line 1\)"):
         _settings(f)
+
+
+def test_nested_sections_report_unknown_names_and_wrong_types():
+    """audit/priority sub-keys and rule effect/action are checked with codes, positions and suggestions."""
+    from moe_policy.rules import ProblemSink
+    from moe_policy.settings.schema import parse_policy_document
+    from moe_policy.yamlio import parse_yaml_text
+
+    text = (
+        "audit: {pth: x}\n"
+        "priority: {cdua: [triton]}\n"
+        "rules: [{id: a, effect: forbd, action: adit, backends: [triton], reason: r}]\n"
+    )
+    sink = ProblemSink(strict=False)
+    parse_policy_document(parse_yaml_text(text, "p.yaml"), load_catalog(), sink)
+    assert [(p.code, p.origin, p.message) for p in sink.problems] == [
+        ("unknown-key", "file:p.yaml:1:9", "unknown key 'audit.pth' (did you mean 'path'?)"),
+        ("unknown-key", "file:p.yaml:2:12", "priority: unknown platform 'cdua' (did you mean 'cuda'?)"),
+        ("invalid-value", "file:p.yaml:3:25",
+         "rule a: effect must be one of forbid, require, prefer, demote, got 'forbd' (did you mean 'forbid'?)"),
+        ("invalid-value", "file:p.yaml:3:40",
+         "rule a: action must be one of enforce, audit, got 'adit' (did you mean 'audit'?)"),
+    ]
+    sink = ProblemSink(strict=False)
+    parse_policy_document(parse_yaml_text("audit: 3\n", "p.yaml"), load_catalog(), sink)
+    assert [(p.code, p.message) for p in sink.problems] == [
+        ("invalid-type", "audit: expected a mapping with path, required, got 3"),
+    ]
