@@ -10,10 +10,16 @@ expert and each expert's group is padded up to a multiple of ``BLOCK_M``::
     sorted_ids[start[e] + count[e] + j] = numel  # sentinel padding, j < padded[e] - count[e]
     expert_ids[b]  = e  for every block b inside [start[e], start[e] + padded[e]) / BLOCK_M
     num_padded     = sum_e padded[e]
+    block_rows[b]  = ustart[e] + b*BLOCK_M - start[e]   # ustart[e] = sum_{e' < e} count[e']
+
+``block_rows`` places each block in the *unpadded* expert-sorted order: row ``block_rows[b] + r``
+holds the pair ``sorted_ids[b*BLOCK_M + r]`` for the block's real rows. GEMM 1 writes its output
+there and GEMM 2 reads contiguous tiles of it (a TMA box may run into the next expert's rows;
+those results are masked on store), so the intermediate needs ``numel`` rows, not ``num_padded``.
 
 Layout of the outputs (all int32, sizes static so that no host synchronisation is needed):
 ``sorted_ids [max_blocks * BLOCK_M]``, ``expert_ids [max_blocks]`` (``-1`` past
-``num_padded``), ``num_padded [1]``, with ``max_blocks = min(numel, floor(numel/BLOCK_M) + E)``,
+``num_padded``), ``num_padded [1]``, ``block_rows [max_blocks]``, with ``max_blocks = min(numel, floor(numel/BLOCK_M) + E)``,
 an upper bound of ``sum_e ceil(count[e]/BLOCK_M)``. Entries past ``num_padded`` are unspecified.
 
 Limits. Pairs whose expert id is outside ``[0, E)`` (experts on another rank) are dropped.
@@ -46,6 +52,7 @@ class AlignedRouting(NamedTuple):
     sorted_ids: torch.Tensor
     expert_ids: torch.Tensor
     num_padded: torch.Tensor
+    block_rows: torch.Tensor
     block_m: int
     max_blocks: int
 
@@ -63,6 +70,7 @@ def _offsets_and_blocks(
     sorted_ids_ptr,
     expert_ids_ptr,
     num_padded_ptr,
+    block_rows_ptr,
     cursor_ptr,
     # sizes
     numel,
@@ -72,7 +80,8 @@ def _offsets_and_blocks(
     BLOCK_M: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
 ):
-    """From per-expert counts: cursor = start offsets, sentinels, expert_ids, num_padded."""
+    """From per-expert counts: cursor = start offsets, sentinels, expert_ids, block_rows,
+    num_padded."""
     # padded sizes and their exclusive prefix sum (bins >= num_experts hold dropped pairs)
     valid = bins < num_experts
     padded = tl.where(valid, ((counts + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, 0)
@@ -86,14 +95,20 @@ def _offsets_and_blocks(
     pad_pos = (starts + counts)[:, None] + offs_j[None, :]
     pad_mask = valid[:, None] & (offs_j[None, :] < (padded - counts)[:, None])
     tl.store(sorted_ids_ptr + pad_pos, numel, mask=pad_mask)
-    # expert of each block: number of experts whose padded range ends at or before it
+    # expert of each block: number of experts whose padded range ends at or before it; the
+    # padded and unpadded starts of that expert are the sums over those experts
+    real = tl.where(valid, counts, 0)
     for b0 in range(0, max_blocks, BLOCK_CHUNK):
         offs_b = b0 + tl.arange(0, BLOCK_CHUNK)
+        b_mask = offs_b < max_blocks
         first_row = offs_b * BLOCK_M
         ended = (ends[None, :] <= first_row[:, None]) & valid[None, :]
         expert = tl.sum(ended.to(tl.int32), 1)
         expert = tl.where(first_row < total, expert, -1)
-        tl.store(expert_ids_ptr + offs_b, expert, mask=offs_b < max_blocks)
+        tl.store(expert_ids_ptr + offs_b, expert, mask=b_mask)
+        pstart = tl.sum(tl.where(ended, padded[None, :], 0), 1)
+        ustart = tl.sum(tl.where(ended, real[None, :], 0), 1)
+        tl.store(block_rows_ptr + offs_b, ustart + first_row - pstart, mask=b_mask)
 
 
 @triton.jit
@@ -103,6 +118,7 @@ def _align_fused_kernel(
     sorted_ids_ptr,  # [max_blocks * BLOCK_M] out
     expert_ids_ptr,  # [max_blocks] out
     num_padded_ptr,  # [1] out
+    block_rows_ptr,  # [max_blocks] out
     cursor_ptr,  # [NUM_BINS] scratch
     # sizes
     numel,
@@ -125,7 +141,7 @@ def _align_fused_kernel(
     counts = tl.histogram(ids, NUM_BINS)
     # offsets, padding, expert ids; cursor[e] = start of expert e
     _offsets_and_blocks(
-        counts, bins, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, cursor_ptr,
+        counts, bins, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
         numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK,
     )  # fmt: skip
     tl.debug_barrier()
@@ -166,6 +182,7 @@ def _align_offsets_kernel(
     sorted_ids_ptr,
     expert_ids_ptr,
     num_padded_ptr,
+    block_rows_ptr,
     cursor_ptr,  # [NUM_BINS] out: start of each expert
     # sizes
     numel,
@@ -180,7 +197,7 @@ def _align_offsets_kernel(
     bins = tl.arange(0, NUM_BINS)
     counts = tl.load(counts_ptr + bins, mask=bins < num_experts, other=0)
     _offsets_and_blocks(
-        counts, bins, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, cursor_ptr,
+        counts, bins, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
         numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK,
     )  # fmt: skip
 
@@ -225,15 +242,16 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Aligned
     sorted_ids = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
+    block_rows = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     num_bins = triton.next_power_of_2(num_experts + 1)
     if numel == 0:
         num_padded.zero_()
         expert_ids.fill_(-1)
-        return AlignedRouting(sorted_ids, expert_ids, num_padded, block_m, max_blocks)
+        return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
     if numel <= FUSED_MAX:
         cursor = torch.empty(num_bins, dtype=torch.int32, device=dev)
         _align_fused_kernel[(1,)](
-            topk_ids, sorted_ids, expert_ids, num_padded, cursor,
+            topk_ids, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             BLOCK_M=block_m, NUM_BINS=num_bins,
             CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
@@ -246,12 +264,12 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Aligned
             topk_ids, counts, numel, num_experts, NUM_BINS=num_bins, CHUNK=_CHUNK
         )
         _align_offsets_kernel[(1,)](
-            counts, sorted_ids, expert_ids, num_padded, cursor,
+            counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
         )  # fmt: skip
         _align_scatter_kernel[grid](topk_ids, sorted_ids, cursor, numel, num_experts, CHUNK=_CHUNK)
-    return AlignedRouting(sorted_ids, expert_ids, num_padded, block_m, max_blocks)
+    return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
 
 
 @triton.jit
@@ -261,6 +279,7 @@ def block_pairs(
     sorted_ids_ptr,
     expert_ids_ptr,
     num_padded_ptr,
+    block_rows_ptr,
     topk_ids_ptr,
     # sizes
     numel,
@@ -269,14 +288,17 @@ def block_pairs(
     BLOCK_M: tl.constexpr,
     NAIVE: tl.constexpr,  # block b holds pair b alone; no alignment ran
 ):
-    """Pairs ``[BLOCK_M]`` (``numel`` = empty row), their expert and whether the block is live."""
+    """Pairs ``[BLOCK_M]`` (``numel`` = empty row), their expert, whether the block is live and
+    its first row in the unpadded expert-sorted order (``pid_m`` itself in NAIVE mode)."""
     offs = tl.arange(0, BLOCK_M)
     if NAIVE:
         pairs = tl.where(offs == 0, pid_m, numel)
         expert = tl.load(topk_ids_ptr + pid_m).to(tl.int32)
         live = (pid_m < numel) & (expert >= 0) & (expert < num_experts)
+        row0 = pid_m
     else:
         live = pid_m * BLOCK_M < tl.load(num_padded_ptr)
         pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + offs)  # in bounds: pid_m < max_blocks
         expert = tl.load(expert_ids_ptr + pid_m)
-    return pairs, expert, live
+        row0 = tl.load(block_rows_ptr + pid_m)
+    return pairs, expert, live, row0

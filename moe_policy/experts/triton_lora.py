@@ -3,7 +3,7 @@
 Math, per (token, slot) pair ``i`` with token ``t = i // k``, expert ``e`` and adapter slot
 ``l = token_lora_mapping[t]`` (``-1`` or a disabled slot = no adapter)::
 
-    shrink:  u[s, i, :] = A[s, l, e] @ a_i                 # [R]; a_i = x[t] (w13) or act row i (w2)
+    shrink:  u[s, i, :] = A[s, l, e] @ a_i                 # [R]; a_i = x[t] (w13) or i's act row (w2)
     expand:  acc[i, n] += sum_r u[s, i, r] * B[s, l, e, n, r]   # inside the GEMM epilogue
 
 Layout (``lora.py``): ``w13_a [S, L, E, R, H]``, ``w13_b [S, L, E, I, R]``, ``w2_a [L, E, R, I]``,
@@ -159,6 +159,7 @@ def _lora_shrink_kernel(
     sorted_ids_ptr,
     expert_ids_ptr,
     num_padded_ptr,
+    block_rows_ptr,
     lora_map_ptr,
     lora_enabled_ptr,
     # sizes
@@ -179,7 +180,8 @@ def _lora_shrink_kernel(
     stride_um,
     stride_ur,
     # constexpr
-    A_ROW_DIV: tl.constexpr,  # activation row = pair // A_ROW_DIV (top_k for x, 1 for act)
+    A_ROW_DIV: tl.constexpr,  # activation row = pair // A_ROW_DIV (top_k for x)
+    A_SORTED: tl.constexpr,  # activation rows in expert-sorted order (act): block_rows + r
     TOP_K: tl.constexpr,  # pairs per token (for the token -> slot mapping)
     NUM_SLICES: tl.constexpr,
     NAIVE: tl.constexpr,
@@ -194,8 +196,8 @@ def _lora_shrink_kernel(
     pid_m = tl.program_id(0)
     c0 = tl.program_id(1) * LR_BLOCK
     part = tl.program_id(2)
-    pairs, expert, live = block_pairs(
-        pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, topk_ids_ptr,
+    pairs, expert, live, row0 = block_pairs(
+        pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, topk_ids_ptr,
         numel, num_experts, BLOCK_M, NAIVE,
     )  # fmt: skip
     if not live:
@@ -214,7 +216,10 @@ def _lora_shrink_kernel(
     # pointers to the activation rows and to A[s, col_slot, expert, col_r, :] read as [K, cols]
     k0 = part * K_STEPS * BLOCK_K
     offs_k = tl.arange(0, BLOCK_K)
-    a_rows = (pairs // A_ROW_DIV).to(tl.int64)
+    if A_SORTED:
+        a_rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
+    else:
+        a_rows = (pairs // A_ROW_DIV).to(tl.int64)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
     la_ptrs = la_ptr + expert.to(tl.int64) * stride_lae + col_slot[None, :] * stride_lal
     la_ptrs += col_r[None, :] * stride_lar + (k0 + offs_k)[:, None] * stride_lak
@@ -249,17 +254,20 @@ def lora_shrink(
     sorted_ids: torch.Tensor,
     expert_ids: torch.Tensor,
     num_padded: torch.Tensor,
+    block_rows: torch.Tensor,
     lora_map: torch.Tensor,
     lora_enabled: torch.Tensor,
     num_blocks: int,
     block_m: int,
     naive: bool,
-    a_row_div: int,
+    a_row_div: int = 1,
+    a_sorted: bool = False,
     split_k: int = 1,
 ) -> torch.Tensor:
     """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]); returns u [split_k, S, numel, R] fp32.
 
-    With ``split_k > 1`` each part holds a partial sum over a slice of K (the expand adds them
+    ``a`` rows are tokens (``pair // a_row_div``) or, with ``a_sorted``, pairs in the unpadded
+    expert-sorted order of the alignment (GEMM 1's output). With ``split_k > 1`` each part holds a partial sum over a slice of K (the expand adds them
     in order); used when there are too few blocks to fill the GPU (decode)."""
     if lora_a.dim() != 5:
         raise ValueError(f"lora_a must be [S, L, E, R, K], got shape {tuple(lora_a.shape)}")
@@ -281,12 +289,13 @@ def lora_shrink(
     if numel == 0 or slots == 0:
         return u
     _lora_shrink_kernel[(num_blocks, chunks, parts)](
-        a, lora_a, u, topk_ids, sorted_ids, expert_ids, num_padded, lora_map, lora_enabled,
+        a, lora_a, u, topk_ids, sorted_ids, expert_ids, num_padded, block_rows,
+        lora_map, lora_enabled,
         k_dim, numel, num_experts, rank,
         a.stride(0), a.stride(1),
         lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3), lora_a.stride(4),
         u.stride(0), u.stride(1), u.stride(2), u.stride(3),
-        A_ROW_DIV=a_row_div, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
+        A_ROW_DIV=a_row_div, A_SORTED=a_sorted, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
         BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k, K_STEPS=k_steps,
         num_warps=4 if block_m <= 64 else 8, num_stages=3,
     )  # fmt: skip

@@ -45,7 +45,7 @@ from moe_policy.experts.base import (
     contiguous_layout,
 )
 from moe_policy.experts.lora import MoELoRAContext
-from moe_policy.experts.triton_config import MoEConfig, get_config
+from moe_policy.experts.triton_config import GemmConfig, MoEConfig, get_config
 from moe_policy.experts.triton_lora import (
     MAX_RANK,
     lora_block_sizes,
@@ -94,15 +94,18 @@ def _apply_act(
 @triton.jit(do_not_specialize=["numel", "num_blocks", "num_slots", "lora_rank"])
 def _moe_gemm_kernel(
     # pointers
-    a_ptr,  # A: x [T, K] (GEMM 1; row = pair // A_ROW_DIV) or act [numel, K] (GEMM 2)
-    b_ptr,  # B: weights [E, N_B, K]; gated GEMM 1 reads rows n (gate) and N + n (up)
-    c_ptr,  # C: [numel or T, N] output, one row per pair (or token when k == 1)
+    a_ptr,  # A: x [T, K] (GEMM 1; row = pair // A_ROW_DIV) or act [numel, K] (GEMM 2, sorted)
+    b_ptr,  # B: weights [E, N_B, K]; gated GEMM 1 reads rows 2n (gate) and 2n + 1 (up)
+    c_ptr,  # C: [numel or T, N] output: sorted rows (GEMM 1), pairs or tokens (GEMM 2)
+    a_desc,  # TMA descriptor of A [rows, K], box [BLOCK_M, BLOCK_K] (A_TMA), else None
+    b_desc,  # TMA descriptor of B viewed as [E*N_B, K], box [B_COLS, BLOCK_K] (B_TMA), else None
     bias_ptr,  # [E, N_B] (HAS_BIAS)
     topk_w_ptr,  # [numel] router weights
     topk_ids_ptr,  # [numel] experts (NAIVE mode)
     sorted_ids_ptr,  # alignment: pairs grouped by expert
     expert_ids_ptr,  # alignment: expert of each block
     num_padded_ptr,  # alignment: rows in use
+    block_rows_ptr,  # alignment: first expert-sorted row of each block
     lora_u_ptr,  # [U_SPLIT, S, numel, R] fp32 shrink output, split-K partials (HAS_LORA)
     lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
     lora_map_ptr,  # [T] int32 slot per token
@@ -135,8 +138,12 @@ def _moe_gemm_kernel(
     stride_lbn,
     stride_lbr,
     # constexpr
-    A_ROW_DIV: tl.constexpr,  # top_k for GEMM 1 (rows of x), 1 for GEMM 2
-    C_ROW_DIV: tl.constexpr,  # 1: C row = pair; top_k (= 1) for direct output
+    A_ROW_DIV: tl.constexpr,  # top_k for GEMM 1 (rows of x)
+    A_SORTED: tl.constexpr,  # A rows in expert-sorted order (GEMM 2): block_rows + r
+    A_TMA: tl.constexpr,  # A tiles through a_desc (A_SORTED only)
+    B_TMA: tl.constexpr,  # B tiles through b_desc (not with the two-dot gated form)
+    C_SORTED: tl.constexpr,  # C rows in expert-sorted order (GEMM 1)
+    C_ROW_DIV: tl.constexpr,  # otherwise C row = pair // C_ROW_DIV (1, or top_k = 1: token)
     TOP_K: tl.constexpr,  # pairs per token (LoRA token mapping)
     GATED: tl.constexpr,
     ACT: tl.constexpr,  # ACTIVATION_CODES value, 0 = none
@@ -166,8 +173,8 @@ def _moe_gemm_kernel(
     group_size_m = min(num_blocks - first_pid_m, GROUP_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     pid_n = (pid % num_pid_in_group) // group_size_m
-    pairs, expert, live = block_pairs(
-        pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, topk_ids_ptr,
+    pairs, expert, live, row0 = block_pairs(
+        pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, topk_ids_ptr,
         numel, num_experts, BLOCK_M, NAIVE,
     )  # fmt: skip
     if not live:
@@ -192,59 +199,59 @@ def _moe_gemm_kernel(
                     BLOCK_R, LR_BLOCK, U_SPLIT,
                 )  # fmt: skip
 
-    # pointers: A rows of this block; B tile of this expert, [BLOCK_K, BLOCK_N] or, gated,
-    # the interleaved gate/up rows of the same columns (N wrapped, stores masked)
+    # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
+    # this expert, [BLOCK_K, B_COLS]; gated one-dot tiles hold the interleaved gate/up rows of
+    # the same columns. Pointer tiles wrap N (stores are masked); TMA boxes may run into the
+    # next expert's rows or past the end (zero-filled), both masked on store too.
     offs_k = tl.arange(0, BLOCK_K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
-    a_rows = (pairs // A_ROW_DIV).to(tl.int64)
+    B_COLS: tl.constexpr = 2 * BLOCK_N if (GATED and ONE_DOT) else BLOCK_N
+    if A_SORTED:
+        a_rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
+    else:
+        a_rows = (pairs // A_ROW_DIV).to(tl.int64)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_base = b_ptr + expert.to(tl.int64) * stride_be
     if GATED and ONE_DOT:
-        rows_gu = (pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)) % (2 * N)
-        b_ptrs = b_base + rows_gu[None, :] * stride_bn + offs_k[:, None] * stride_bk
+        rows_b = (pid_n * B_COLS + tl.arange(0, B_COLS)) % (2 * N)
     elif GATED:
-        b_ptrs = b_base + (2 * offs_bn)[None, :] * stride_bn + offs_k[:, None] * stride_bk
+        rows_b = 2 * offs_bn  # gate rows; up rows are the next ones
     else:
-        b_ptrs = b_base + offs_bn[None, :] * stride_bn + offs_k[:, None] * stride_bk
+        rows_b = offs_bn
+    b_ptrs = b_base + rows_b[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    b_row0 = expert * (2 * N if GATED else N) + pid_n * B_COLS  # TMA: row in the [E*N_B, K] view
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # main loop, fp32 accumulation; the two-dot gated form adds a second dot for the up rows
+    acc_b = tl.zeros((BLOCK_M, B_COLS), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # main loop, fp32 accumulation
-    if GATED and ONE_DOT:
-        # one [BLOCK_M, 2 BLOCK_N] dot; even columns are gate, odd columns up
-        acc2 = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-        for kk in range(0, tl.cdiv(K, BLOCK_K)):
+    for kk in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - kk * BLOCK_K
+        if A_TMA:
+            a = a_desc.load([row0, kk * BLOCK_K])
+        elif EVEN_K:
+            a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
+        if B_TMA:
+            b = b_desc.load([b_row0, kk * BLOCK_K]).T
+        elif EVEN_K:
+            b = tl.load(b_ptrs)
+        else:
+            b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
+        acc_b = tl.dot(a, b, acc_b)
+        if GATED and not ONE_DOT:
             if EVEN_K:
-                a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
-                b = tl.load(b_ptrs)
+                b_u = tl.load(b_ptrs + stride_bn)
             else:
-                k_mask = offs_k < K - kk * BLOCK_K
-                a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
-            acc2 = tl.dot(a, b, acc2)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
-        acc, acc_u = tl.split(tl.reshape(acc2, (BLOCK_M, BLOCK_N, 2)))
+                b_u = tl.load(b_ptrs + stride_bn, mask=k_mask[:, None], other=0.0)
+            acc_u = tl.dot(a, b_u, acc_u)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if GATED and ONE_DOT:  # even columns are gate, odd columns up
+        acc, acc_u = tl.split(tl.reshape(acc_b, (BLOCK_M, BLOCK_N, 2)))
     else:
-        # one dot (non-gated) or two (gate rows 2n, up rows 2n + 1)
-        for kk in range(0, tl.cdiv(K, BLOCK_K)):
-            if EVEN_K:
-                a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
-                b = tl.load(b_ptrs)
-            else:
-                k_mask = offs_k < K - kk * BLOCK_K
-                a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
-            acc = tl.dot(a, b, acc)
-            if GATED:
-                if EVEN_K:
-                    b_u = tl.load(b_ptrs + stride_bn)
-                else:
-                    b_u = tl.load(b_ptrs + stride_bn, mask=k_mask[:, None], other=0.0)
-                acc_u = tl.dot(a, b_u, acc_u)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+        acc = acc_b
 
     # epilogue 1: LoRA delta u @ B^T for rows with an adapter (zero for the others); small
     # tiles use the operands fetched before the loop, large tiles one small dot per slot present
@@ -286,8 +293,11 @@ def _moe_gemm_kernel(
     if WEIGHT_POS == 2:
         acc = acc * w[:, None]
 
-    # store the rows of real pairs
-    c_rows = (pairs // C_ROW_DIV).to(tl.int64)
+    # store the rows of real pairs (by pair, token or expert-sorted position)
+    if C_SORTED:
+        c_rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
+    else:
+        c_rows = (pairs // C_ROW_DIV).to(tl.int64)
     c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
     c_mask = pair_mask[:, None] & (offs_n[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
@@ -379,6 +389,49 @@ def _check_lora(lora: MoELoRAContext, t: int, e: int, h: int, i: int, gated: boo
     )
 
 
+#: TMA box sides are at most 256 elements.
+_TMA_MAX_BOX = 256
+
+
+@lru_cache(maxsize=16)
+def _has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _tma_usable(t: torch.Tensor) -> bool:
+    """Hopper or newer (or the interpreter), unit inner stride, 16-byte aligned base and rows."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        ok_device = True
+    elif t.device.type == "cuda":
+        ok_device = _has_tma(t.device.index if t.device.index is not None else 0)
+    else:
+        ok_device = False
+    es = t.element_size()
+    return (
+        ok_device
+        and t.stride(-1) == 1
+        and (t.stride(-2) * es) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+    )
+
+
+def _descriptor(t2d: torch.Tensor, rows: int, g: GemmConfig) -> Any:
+    """TMA descriptor of a 2-D ``[rows_total, K]`` tensor with box ``[rows, g.block_k]``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t2d, [rows, g.block_k])
+
+
+def _weight_descriptor(w: torch.Tensor, rows: int, g: GemmConfig) -> Any:
+    """Descriptor of ``w`` [E, N_B, K] viewed as [E*N_B, K] when ``g.tma`` asks and TMA can serve."""
+    if not g.tma or rows > _TMA_MAX_BOX or g.block_k > _TMA_MAX_BOX or not w.is_contiguous():
+        return None
+    if not _tma_usable(w):
+        return None
+    return _descriptor(w.view(-1, w.shape[-1]), rows, g)
+
+
 def fused_moe_triton(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -459,16 +512,17 @@ def fused_moe_triton(
         naive = numel * 4 <= e
     if naive:
         num_blocks = numel
-        sorted_ids = expert_ids = num_padded = topk_ids  # unused placeholders
+        sorted_ids = expert_ids = num_padded = block_rows = topk_ids  # unused placeholders
     else:
         routing = moe_align(topk_ids, e, bm)
         num_blocks = routing.max_blocks
-        sorted_ids, expert_ids, num_padded = (
+        sorted_ids, expert_ids, num_padded, block_rows = (
             routing.sorted_ids,
             routing.expert_ids,
             routing.num_padded,
+            routing.block_rows,
         )
-    route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded)
+    route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded, block_rows)
 
     # LoRA: shrink of x for every w13 slice
     has_lora = lora is not None
@@ -477,7 +531,7 @@ def fused_moe_triton(
         lmap, len_, slots, rank = lora.token_lora_mapping, ad.enabled, ad.num_slots, ad.max_rank
         shrink_args = dict(
             topk_ids=topk_ids, sorted_ids=sorted_ids, expert_ids=expert_ids,
-            num_padded=num_padded, lora_map=lmap, lora_enabled=len_,
+            num_padded=num_padded, block_rows=block_rows, lora_map=lmap, lora_enabled=len_,
             num_blocks=num_blocks, block_m=bm, naive=naive,
         )  # fmt: skip
         split = max(1, min(8, SHRINK_MIN_PROGRAMS // max(1, num_blocks)))
@@ -489,9 +543,11 @@ def fused_moe_triton(
         u13 = lb13 = x
     block_r, lr_block, chunks = lora_block_sizes(rank, slots)
 
-    # GEMM 1 + activation -> act [numel, I]
+    # GEMM 1 + activation -> act [numel, I], rows in expert-sorted order
     act_out = torch.empty(numel, i, dtype=x.dtype, device=x.device)
     g1 = cfg.gemm1
+    one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
+    b1_desc = _weight_descriptor(w13, (2 if one_dot1 else 1) * g1.block_n, g1)
     bias1 = w13_bias if w13_bias is not None else x
     common = dict(
         NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, LR_BLOCK=lr_block, TOP_K=k,
@@ -499,44 +555,49 @@ def fused_moe_triton(
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit),
     )  # fmt: skip
     _moe_gemm_kernel[(num_blocks * triton.cdiv(i, g1.block_n),)](
-        x, w13, act_out, bias1, *route, u13, lb13, lmap, len_,
+        x, w13, act_out, None, b1_desc, bias1, *route, u13, lb13, lmap, len_,
         i, h, numel, e, num_blocks, slots, rank,
         x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
         act_out.stride(0), act_out.stride(1),
         bias1.stride(0) if w13_bias is not None else 0, bias1.stride(1) if w13_bias is not None else 0,
         *(u13.stride() if has_lora else (0, 0, 0, 0)),
         *(lb13.stride() if has_lora else (0, 0, 0, 0, 0)),
-        A_ROW_DIV=k, C_ROW_DIV=1, GATED=gated, ACT=act,
+        A_ROW_DIV=k, A_SORTED=False, A_TMA=False, B_TMA=b1_desc is not None,
+        C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
         HAS_BIAS=w13_bias is not None, HAS_LORA=has_lora, EVEN_K=h % g1.block_k == 0,
         U_SPLIT=u13.shape[0] if has_lora else 1,
-        ONE_DOT=g1.one_dot, BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=g1.group_m,
+        ONE_DOT=one_dot1, BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=g1.group_m,
         num_warps=g1.num_warps, num_stages=g1.num_stages, **common,
     )  # fmt: skip
 
     # LoRA: shrink of the activation for w2
     if lora is not None:
         u2 = lora_shrink(
-            act_out, lora.adapters.w2_a.unsqueeze(0), a_row_div=1, split_k=split, **shrink_args
+            act_out, lora.adapters.w2_a.unsqueeze(0), a_sorted=True, split_k=split, **shrink_args
         )  # type: ignore[arg-type]
         lb2 = lora.adapters.w2_b.unsqueeze(0)
     else:
         u2 = lb2 = x
 
-    # GEMM 2 + bias + router weight -> [numel, H], or the output directly when k == 1
+    # GEMM 2 + bias + router weight -> [numel, H] by pair, or the output directly when k == 1
     direct = k == 1
     c2 = out if direct else torch.empty(numel, h, dtype=x.dtype, device=x.device)
     g2 = cfg.gemm2
+    b2_desc = _weight_descriptor(w2, g2.block_n, g2)
+    a2_tma = b2_desc is not None and bm <= _TMA_MAX_BOX and _tma_usable(act_out)
+    a2_desc = _descriptor(act_out, bm, g2) if a2_tma else None
     bias2 = w2_bias if w2_bias is not None else x
     _moe_gemm_kernel[(num_blocks * triton.cdiv(h, g2.block_n),)](
-        act_out, w2, c2, bias2, *route, u2, lb2, lmap, len_,
+        act_out, w2, c2, a2_desc, b2_desc, bias2, *route, u2, lb2, lmap, len_,
         h, i, numel, e, num_blocks, slots, rank,
         act_out.stride(0), act_out.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
         c2.stride(0), c2.stride(1),
         bias2.stride(0) if w2_bias is not None else 0, bias2.stride(1) if w2_bias is not None else 0,
         *(u2.stride() if has_lora else (0, 0, 0, 0)),
         *(lb2.stride() if has_lora else (0, 0, 0, 0, 0)),
-        A_ROW_DIV=1, C_ROW_DIV=1, GATED=False, ACT=0,
+        A_ROW_DIV=1, A_SORTED=True, A_TMA=a2_desc is not None, B_TMA=b2_desc is not None,
+        C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
         HAS_BIAS=w2_bias is not None, HAS_LORA=has_lora, EVEN_K=i % g2.block_k == 0,
         U_SPLIT=u2.shape[0] if has_lora else 1,

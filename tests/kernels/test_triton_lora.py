@@ -148,6 +148,10 @@ def test_lora_split_k_shrink_matches_reference(device):
 TILES_64 = tc.MoEConfig(
     64, tc.GemmConfig(32, 32, 4, 4, 2, one_dot=True), tc.GemmConfig(32, 32, 4, 4, 2)
 )
+#: The same through TMA descriptors (GEMM 2 reads the expert-sorted activation as boxes).
+TILES_64_TMA = tc.MoEConfig(
+    64, tc.GemmConfig(32, 32, 4, 4, 2, tma=True), tc.GemmConfig(32, 32, 4, 4, 2, tma=True)
+)
 
 
 @pytest.mark.parametrize(
@@ -156,8 +160,10 @@ TILES_64 = tc.MoEConfig(
         (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64, 16, [16, 8, 16]),
         (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64, 64, [64, 8, 40]),
         (ExpertsConfig(8, 48, 32, 2, "swigluoai", has_bias=True), None, 64, [64, 16, 8]),
+        (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64_TMA, 16, [16, 8, 16]),
+        (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64_TMA, 32, [32, 8, 24]),
     ],
-    ids=["bm64-one-dot", "bm64-rank64-chunks", "rank64-chunks"],
+    ids=["bm64-one-dot", "bm64-rank64-chunks", "rank64-chunks", "bm64-tma", "bm64-tma-relu2"],
 )
 def test_lora_large_tiles_and_ranks(cfg, tiles, max_rank, ranks, device):
     """Delta-first large tiles and rank 64 (several slot chunks) match the reference."""
@@ -217,7 +223,7 @@ def test_shrink_kernel_matches_torch(naive, split_k, device):
     routing = moe_align(ti, e, 16)
     u = lora_shrink(
         x, la, topk_ids=ti, sorted_ids=routing.sorted_ids, expert_ids=routing.expert_ids,
-        num_padded=routing.num_padded, lora_map=lmap, lora_enabled=enabled,
+        num_padded=routing.num_padded, block_rows=routing.block_rows, lora_map=lmap, lora_enabled=enabled,
         num_blocks=t * k if naive else routing.max_blocks, block_m=16, naive=naive, a_row_div=k,
         split_k=split_k,
     )  # fmt: skip

@@ -34,6 +34,11 @@ SMALL_TILES = tc.MoEConfig(16, tc.GemmConfig(16, 32, 2, 4, 2), tc.GemmConfig(32,
 SMALL_TILES_ONE_DOT = tc.MoEConfig(
     16, tc.GemmConfig(16, 32, 2, 4, 2, one_dot=True), tc.GemmConfig(32, 16, 1, 4, 2)
 )
+#: Weight tiles (and GEMM 2's activation tiles) through TMA descriptors; boxes run past N and
+#: into the next expert's rows, and past the last row (zero-filled).
+SMALL_TILES_TMA = tc.MoEConfig(
+    16, tc.GemmConfig(16, 32, 2, 4, 2, tma=True), tc.GemmConfig(32, 16, 1, 4, 2, tma=True)
+)
 
 
 def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=None,
@@ -83,6 +88,16 @@ def _check_alignment(ti: torch.Tensor, num_experts: int, block_m: int) -> None:
         # padding only at the end of an expert's last block
         assert bool((rows[: real.numel()] < numel).all())
     assert bool((ex[n // block_m :] == -1).all())
+    # block_rows: the real rows of all blocks tile 0..valid-1 once, experts in ascending order
+    br = r.block_rows.long().cpu()
+    pos = torch.full((numel,), -1, dtype=torch.long)
+    for b in range(n // block_m):
+        rows = s[b * block_m : (b + 1) * block_m]
+        real = rows[rows < numel]
+        pos[real] = br[b] + torch.arange(real.numel())
+    assert sorted(pos[valid].tolist()) == list(range(valid.numel()))
+    order = torch.argsort(pos[valid])
+    assert bool((flat[valid][order].diff() >= 0).all()), "sorted rows are not grouped by expert"
     # groups are padded to the minimum: sum_e ceil(count_e / block_m) blocks
     counts = torch.bincount(flat[valid], minlength=num_experts)
     assert n == int(((counts + block_m - 1) // block_m * block_m).sum())
@@ -185,11 +200,14 @@ def test_triton_routing_shapes(t, routing, naive, device):
         ("swigluoai", True, SMALL_TILES_ONE_DOT),
         ("gelu", True, SMALL_TILES_ONE_DOT),
         ("relu2", False, SMALL_TILES),
+        ("silu", True, SMALL_TILES_TMA),
+        ("swigluoai", True, SMALL_TILES_TMA),
+        ("relu2", False, SMALL_TILES_TMA),
     ],
 )
 def test_triton_small_tiles(act, gated, tiles, device):
-    """Several K steps, N tiles and partial tiles (H, I not multiples of the tiles), two-dot
-    and one-dot gated GEMM 1, match the reference."""
+    """Several K steps, N tiles and partial tiles (H, I not multiples of the tiles), two-dot,
+    one-dot and TMA-fed GEMMs, match the reference."""
     dtype = dtypes_for_device()[-1]
     cfg = ExpertsConfig(6, 72, 40, 3, act, gated=gated, has_bias=True)
     err = _run(cfg, 23, dtype, device, tiles=tiles)
@@ -277,8 +295,9 @@ def test_config_keys_are_kernel_arguments():
     names = set(_moe_gemm_kernel.arg_names)
     fields = set(tc.GemmConfig.__dataclass_fields__)
     launch_options = {"num_warps", "num_stages"}
+    renamed = {"tma": "B_TMA"}
     for f in fields - launch_options:
-        assert f.upper() in names, f
+        assert renamed.get(f, f.upper()) in names, f
     assert "BLOCK_M" in names
 
 
@@ -334,3 +353,25 @@ def test_experts_package_import_is_light():
     code = "import sys, moe_policy.experts; print('torch' in sys.modules, 'triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_tma_descriptor_only_where_tma_can_serve(device):
+    """TMA is used when asked and the rows are 16-byte aligned; otherwise pointers serve."""
+    from moe_policy.experts import triton_moe as tm
+
+    g = tc.GemmConfig(32, 16, tma=True)
+    w = torch.zeros(4, 64, 72, dtype=torch.float16, device=device)
+    assert tm._weight_descriptor(w, 32, g) is not None
+    assert tm._weight_descriptor(w, 32, tc.GemmConfig(32, 16)) is None  # not asked
+    assert tm._weight_descriptor(w, 512, g) is None  # box taller than 256 rows
+    odd = torch.zeros(4, 64, 70, dtype=torch.float16, device=device)  # 140-byte rows
+    assert tm._weight_descriptor(odd, 32, g) is None
+    assert tm._weight_descriptor(w.transpose(1, 2), 32, g) is None  # not contiguous
+
+
+def test_tma_tiles_fall_back_on_unaligned_rows(device):
+    """Tiles asking for TMA on rows TMA cannot address still match the reference."""
+    dtype = dtypes_for_device()[0]
+    cfg = ExpertsConfig(6, 70, 36, 3, "silu")  # fp16 rows of 140 bytes
+    err = _run(cfg, 23, dtype, device, tiles=SMALL_TILES_TMA)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
