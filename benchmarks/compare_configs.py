@@ -64,7 +64,9 @@ def _compile(task: tuple[str, int, list[dict[str, Any]]]) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shapes", nargs="+", default=["nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b"])
+    p.add_argument(
+        "--shapes", nargs="+", default=["nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b"]
+    )
     p.add_argument("--tokens", nargs="+", type=int, default=[1024, 4096, 8192])
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--jobs", type=int, default=12)
@@ -81,7 +83,9 @@ def main() -> None:
     tasks = [(s, t, [c.to_dict()]) for (s, t), vs in plan.items() for c in vs.values()]
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         bad = sum(pool.map(_compile, tasks, chunksize=1))
-    print(f"# compiled {len(tasks)} configs in {time.time() - start:.0f}s ({bad} failed)", flush=True)
+    print(
+        f"# compiled {len(tasks)} configs in {time.time() - start:.0f}s ({bad} failed)", flush=True
+    )
     ceil = measure_ceilings()
     print(f"# copy {ceil['copy_tbps']:.2f} TB/s, matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
     rows = []
@@ -96,7 +100,10 @@ def main() -> None:
             try:
                 got = _call(backend, cfg, *sets[0]).float()
                 row["rel_diff"] = float((got - ref).norm() / ref.norm())
-                calls = [lambda x=x, tw=tw, ti=ti: _call(backend, cfg, x, tw, ti) for x, tw, ti in sets]
+                calls = [
+                    lambda b=backend, c=cfg, x=x, tw=tw, ti=ti: _call(b, c, x, tw, ti)
+                    for x, tw, ti in sets
+                ]
                 row.update(time_graph_us(calls, args.replays))
                 row["ratio"] = row["us"] / bound
             except Exception as exc:  # a tile that does not compile or fit is reported, not fatal
