@@ -40,9 +40,6 @@ def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
         return replace(g, tma=True, one_dot=g.one_dot or (g is base.gemm1 and shape.gated))
 
     out = {"shipped": base, "shipped+tma": mk(base.block_m, tma(base.gemm1), tma(base.gemm2))}
-    ws = {n: replace(c, gemm1=replace(c.gemm1, warp_spec=True), gemm2=replace(c.gemm2, warp_spec=True))
-          for n, c in out.items()}  # fmt: skip
-    out.update({f"{n}+ws": c for n, c in ws.items()})
     if t * shape.top_k / shape.num_experts >= 32:
         w1 = 128 if shape.gated else 256
         out["bm128-tma-s3"] = mk(128, GemmConfig(w1, 64, 8, 8, 3, shape.gated, True),

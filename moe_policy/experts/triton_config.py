@@ -37,7 +37,6 @@ class GemmConfig:
     num_stages: int = 3
     one_dot: bool = False  # gated GEMM 1: gate and up as one 2*block_n wide dot
     tma: bool = False  # weight tiles (and GEMM 2's activation tiles) through TMA, Hopper+
-    warp_spec: bool = False  # K loop warp-specialized (loads and MMAs in separate warps)
 
 
 @dataclass(frozen=True)

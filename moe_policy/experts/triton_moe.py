@@ -163,7 +163,6 @@ def _moe_gemm_kernel(
     LR_BLOCK: tl.constexpr,  # slot-expanded LoRA columns per chunk (a multiple of BLOCK_R)
     U_SPLIT: tl.constexpr,  # split-K partials in the LoRA shrink output
     GROUP_M: tl.constexpr,
-    WARP_SPEC: tl.constexpr,  # warp-specialized K loop
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
     # program -> (block of pairs, N tile), grouped so that GROUP_M blocks share B tiles in L2
@@ -226,7 +225,7 @@ def _moe_gemm_kernel(
     # main loop, fp32 accumulation; the two-dot gated form adds a second dot for the up rows
     acc_b = tl.zeros((BLOCK_M, B_COLS), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC):
+    for kk in range(0, tl.cdiv(K, BLOCK_K)):
         k_mask = offs_k < K - kk * BLOCK_K
         if A_TMA:
             a = a_desc.load([row0, kk * BLOCK_K])
@@ -569,7 +568,6 @@ def fused_moe_triton(
         HAS_BIAS=w13_bias is not None, HAS_LORA=has_lora, EVEN_K=h % g1.block_k == 0,
         U_SPLIT=u13.shape[0] if has_lora else 1,
         ONE_DOT=one_dot1, BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=g1.group_m,
-        WARP_SPEC=g1.warp_spec,
         num_warps=g1.num_warps, num_stages=g1.num_stages, **common,
     )  # fmt: skip
 
@@ -604,7 +602,6 @@ def fused_moe_triton(
         HAS_BIAS=w2_bias is not None, HAS_LORA=has_lora, EVEN_K=i % g2.block_k == 0,
         U_SPLIT=u2.shape[0] if has_lora else 1,
         ONE_DOT=False, BLOCK_N=g2.block_n, BLOCK_K=g2.block_k, GROUP_M=g2.group_m,
-        WARP_SPEC=g2.warp_spec,
         num_warps=g2.num_warps, num_stages=g2.num_stages, **common,
     )  # fmt: skip
     if direct:
