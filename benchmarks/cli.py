@@ -26,11 +26,31 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "configs/models/nemotron-3-nano-30b-a3b.json"
-ARGS = ("explain", "--model", MODEL, "--platform", "cuda", "--capability", "9.0",
-        "--device-name", "NVIDIA H200", "--json")
+ARGS = (
+    "explain",
+    "--model",
+    MODEL,
+    "--platform",
+    "cuda",
+    "--capability",
+    "9.0",
+    "--device-name",
+    "NVIDIA H200",
+    "--json",
+)
 TARGET_MS = 300.0
 #: Top-level imports worth naming in the breakdown.
-PACKAGES = ("moe_policy", "structlog", "yaml", "tabulate", "omegaconf", "argparse", "json", "torch", "triton")
+PACKAGES = (
+    "moe_policy",
+    "structlog",
+    "yaml",
+    "tabulate",
+    "omegaconf",
+    "argparse",
+    "json",
+    "torch",
+    "triton",
+)
 
 
 def _script() -> str:
@@ -60,13 +80,20 @@ def _one(script: str) -> tuple[float, float]:
 
 def import_breakdown(script: str) -> dict[str, float]:
     """Cumulative import time (ms) of the top-level packages, from one -X importtime run."""
-    done = subprocess.run([sys.executable, "-X", "importtime", script, *ARGS], capture_output=True,
-                          text=True, cwd=REPO, env=_env())
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", script, *ARGS],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+    )
     out: dict[str, float] = {}
     for line in done.stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line:
             continue
-        _self, cumulative, name = (part.strip() for part in line.removeprefix("import time:").split("|"))
+        _self, cumulative, name = (
+            part.strip() for part in line.removeprefix("import time:").split("|")
+        )
         if name in PACKAGES and cumulative.isdigit():
             out[name] = max(out.get(name, 0.0), int(cumulative) / 1e3)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
@@ -109,15 +136,26 @@ def main() -> None:
         "meets_target": statistics.median(walls) * 1e3 <= TARGET_MS,
         "imports_ms": import_breakdown(script),
         "loadavg_1min": {"before": load_before[0], "after": load_after[0]},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
     }
     w = result["wall_ms"]
     print(f"moe-policy explain --json (Nemotron, H200 dry run), {args.runs} runs")
-    print(f"  wall   median {w['median']:6.1f} ms   p20 {w['p20']:6.1f}   p80 {w['p80']:6.1f}   min {w['min']:6.1f}")
+    print(
+        f"  wall   median {w['median']:6.1f} ms   p20 {w['p20']:6.1f}   p80 {w['p80']:6.1f}   min {w['min']:6.1f}"
+    )
     print(f"  cpu    median {result['cpu_ms_median']:6.1f} ms (user + sys)")
-    print(f"  target {TARGET_MS:.0f} ms: {'met' if result['meets_target'] else 'MISSED'}"
-          f"   (1-min load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} CPUs)")
-    print("  imports (cumulative ms): " + ", ".join(f"{k} {v:.0f}" for k, v in result["imports_ms"].items()))
+    print(
+        f"  target {TARGET_MS:.0f} ms: {'met' if result['meets_target'] else 'MISSED'}"
+        f"   (1-min load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} CPUs)"
+    )
+    print(
+        "  imports (cumulative ms): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in result["imports_ms"].items())
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

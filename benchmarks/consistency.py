@@ -32,15 +32,21 @@ LAYERS = 128
 WORLD = 4
 WARMUP = 3
 TARGET_MS = 50.0
-DISTINCT_RULE = ("rules:\n  - {id: per-layer, when: {layer.index: {ge: 0}}, effect: prefer, "
-                 "backends: [flashinfer_trtllm], reason: every layer its own fingerprint}\n")
+DISTINCT_RULE = (
+    "rules:\n  - {id: per-layer, when: {layer.index: {ge: 0}}, effect: prefer, "
+    "backends: [flashinfer_trtllm], reason: every layer its own fingerprint}\n"
+)
 
 
 def _decisions(policy: str | None) -> list[Any]:
     from moe_policy import PlatformFacts, Selector
 
-    sel = Selector(MODEL, environ={}, policy_files=[policy] if policy else None,
-                   platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", ("flashinfer", "torch", "triton")))
+    sel = Selector(
+        MODEL,
+        environ={},
+        policy_files=[policy] if policy else None,
+        platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", ("flashinfer", "torch", "triton")),
+    )
     return [sel.decide(i) for i in range(LAYERS)]
 
 
@@ -65,8 +71,13 @@ def worker(rank: int, init_file: str, out: str, calls: int, policy: str) -> None
     from moe_policy import distributed as agreement
 
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
     cases: dict[str, Any] = {}
     for case, policy_file in (("shared", None), ("distinct", policy)):
         decisions = _decisions(policy_file)
@@ -74,7 +85,9 @@ def worker(rank: int, init_file: str, out: str, calls: int, policy: str) -> None
         gathered: list[Any] = [None] * WORLD
         cases[case] = {
             "check_agreement": _timed(lambda d=decisions: agreement.check_agreement(d), calls),
-            "all_gather_object": _timed(lambda s=summary, g=gathered: dist.all_gather_object(g, s), calls),
+            "all_gather_object": _timed(
+                lambda s=summary, g=gathered: dist.all_gather_object(g, s), calls
+            ),
             "summary_bytes": len(pickle.dumps(summary)),
             "fingerprints": len({layer[2] for layer in summary["layers"]}),
             "inputs_entries": len(summary["inputs"]),
@@ -89,8 +102,13 @@ def worker(rank: int, init_file: str, out: str, calls: int, policy: str) -> None
 def _stats(per_rank: list[list[float]]) -> dict[str, float]:
     slowest = [max(call) * 1e3 for call in zip(*per_rank, strict=True)]
     q = statistics.quantiles(slowest, n=10)
-    return {"median_ms": round(statistics.median(slowest), 3), "p20_ms": round(q[1], 3),
-            "p80_ms": round(q[7], 3), "min_ms": round(min(slowest), 3), "max_ms": round(max(slowest), 3)}
+    return {
+        "median_ms": round(statistics.median(slowest), 3),
+        "p20_ms": round(q[1], 3),
+        "p80_ms": round(q[7], 3),
+        "min_ms": round(min(slowest), 3),
+        "max_ms": round(max(slowest), 3),
+    }
 
 
 def main() -> None:
@@ -106,32 +124,57 @@ def main() -> None:
         policy = Path(tmp) / "per-layer.yaml"
         policy.write_text(DISTINCT_RULE)
         raw = Path(tmp) / "samples.json"
-        mp.start_processes(worker, args=(str(Path(tmp) / "rendezvous"), str(raw), args.calls, str(policy)),
-                           nprocs=WORLD, start_method="spawn")
+        mp.start_processes(
+            worker,
+            args=(str(Path(tmp) / "rendezvous"), str(raw), args.calls, str(policy)),
+            nprocs=WORLD,
+            start_method="spawn",
+        )
         per_rank = json.loads(raw.read_text())
     result: dict[str, Any] = {
-        "benchmark": "check_agreement", "backend": "gloo", "ranks": WORLD, "layers": LAYERS,
-        "calls": args.calls, "warmup": WARMUP, "target_ms": TARGET_MS,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                    "platform": platform.platform(),
-                    "load_average_1m": round(os.getloadavg()[0], 2)},  # other work skews gloo timings
+        "benchmark": "check_agreement",
+        "backend": "gloo",
+        "ranks": WORLD,
+        "layers": LAYERS,
+        "calls": args.calls,
+        "warmup": WARMUP,
+        "target_ms": TARGET_MS,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+        },  # other work skews gloo timings
         "cases": {},
     }
-    print(f"check_agreement, {LAYERS} layers, {WORLD} gloo ranks, median of {args.calls} calls (slowest rank)")
-    print(f"{'case':<10}{'fingerprints':>13}{'summary B':>11}{'check ms':>10}{'p20-p80':>16}{'gather ms':>11}")
+    print(
+        f"check_agreement, {LAYERS} layers, {WORLD} gloo ranks, median of {args.calls} calls (slowest rank)"
+    )
+    print(
+        f"{'case':<10}{'fingerprints':>13}{'summary B':>11}{'check ms':>10}{'p20-p80':>16}{'gather ms':>11}"
+    )
     for case in ("shared", "distinct"):
         check = _stats([r[case]["check_agreement"] for r in per_rank])
         gather = _stats([r[case]["all_gather_object"] for r in per_rank])
         first = per_rank[0][case]
-        result["cases"][case] = {"check_agreement": check, "all_gather_object": gather,
-                                 "summary_bytes": first["summary_bytes"], "fingerprints": first["fingerprints"],
-                                 "inputs_entries": first["inputs_entries"]}
-        print(f"{case:<10}{first['fingerprints']:>13}{first['summary_bytes']:>11}{check['median_ms']:>10.2f}"
-              f"{check['p20_ms']:>8.2f}-{check['p80_ms']:<7.2f}{gather['median_ms']:>11.2f}")
+        result["cases"][case] = {
+            "check_agreement": check,
+            "all_gather_object": gather,
+            "summary_bytes": first["summary_bytes"],
+            "fingerprints": first["fingerprints"],
+            "inputs_entries": first["inputs_entries"],
+        }
+        print(
+            f"{case:<10}{first['fingerprints']:>13}{first['summary_bytes']:>11}{check['median_ms']:>10.2f}"
+            f"{check['p20_ms']:>8.2f}-{check['p80_ms']:<7.2f}{gather['median_ms']:>11.2f}"
+        )
     result["median_ms"] = result["cases"]["shared"]["check_agreement"]["median_ms"]
     result["within_target"] = result["median_ms"] <= TARGET_MS
-    print(f"median {result['median_ms']:.2f} ms (target <= {TARGET_MS:.0f} ms): "
-          f"{'ok' if result['within_target'] else 'OVER'}")
+    print(
+        f"median {result['median_ms']:.2f} ms (target <= {TARGET_MS:.0f} ms): "
+        f"{'ok' if result['within_target'] else 'OVER'}"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -60,12 +60,21 @@ def _adapters(cfg: Any, dev: str) -> Any:
     from moe_policy.experts.lora import MoELoRAAdapters
 
     ad = MoELoRAAdapters.allocate(
-        num_slots=LORA_SLOTS, num_experts=cfg.num_experts, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, max_rank=LORA_RANK,
-        num_slices=cfg.num_lora_slices, dtype=torch.bfloat16, device=dev,
+        num_slots=LORA_SLOTS,
+        num_experts=cfg.num_experts,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        max_rank=LORA_RANK,
+        num_slices=cfg.num_lora_slices,
+        dtype=torch.bfloat16,
+        device=dev,
     )
-    for t, std in ((ad.w13_a, cfg.hidden_size**-0.5), (ad.w13_b, 0.1),
-                   (ad.w2_a, cfg.intermediate_size**-0.5), (ad.w2_b, 0.1)):
+    for t, std in (
+        (ad.w13_a, cfg.hidden_size**-0.5),
+        (ad.w13_b, 0.1),
+        (ad.w2_a, cfg.intermediate_size**-0.5),
+        (ad.w2_b, 0.1),
+    ):
         t.normal_(0.0, std)
     ad.enabled.fill_(1)
     return ad
@@ -75,8 +84,14 @@ def rel_l2(a: Any, b: Any) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def bench_shape(name: str, tokens: list[int], replays: int, ceil: dict[str, float],
-                deadline: float, impls: list[str] | None = None) -> list[dict[str, Any]]:
+def bench_shape(
+    name: str,
+    tokens: list[int],
+    replays: int,
+    ceil: dict[str, float],
+    deadline: float,
+    impls: list[str] | None = None,
+) -> list[dict[str, Any]]:
     """All implementations and token counts of one layer shape."""
     import torch
 
@@ -93,13 +108,23 @@ def bench_shape(name: str, tokens: list[int], replays: int, ceil: dict[str, floa
 
     shape = SHAPES[name]
     dev = DEVICE
-    cfg = ExpertsConfig(shape.num_experts, shape.hidden, shape.inter, shape.top_k,
-                        activation=shape.activation, gated=shape.gated)
+    cfg = ExpertsConfig(
+        shape.num_experts,
+        shape.hidden,
+        shape.inter,
+        shape.top_k,
+        activation=shape.activation,
+        gated=shape.gated,
+    )
     g = torch.Generator(device=dev).manual_seed(0)
-    w13 = (torch.randn(shape.num_experts, shape.n1, shape.hidden, device=dev, generator=g)
-           * shape.hidden**-0.5).to(torch.bfloat16)
-    w2 = (torch.randn(shape.num_experts, shape.hidden, shape.inter, device=dev, generator=g)
-          * shape.inter**-0.5).to(torch.bfloat16)
+    w13 = (
+        torch.randn(shape.num_experts, shape.n1, shape.hidden, device=dev, generator=g)
+        * shape.hidden**-0.5
+    ).to(torch.bfloat16)
+    w2 = (
+        torch.randn(shape.num_experts, shape.hidden, shape.inter, device=dev, generator=g)
+        * shape.inter**-0.5
+    ).to(torch.bfloat16)
     ad = _adapters(cfg, dev)
     experts: dict[str, Any] = {"batched_triton": BatchedTritonExperts(cfg, w13, w2)}
     if TritonExperts is not None:
@@ -129,12 +154,14 @@ def bench_shape(name: str, tokens: list[int], replays: int, ceil: dict[str, floa
             fns["triton"] = partial(experts["triton"].apply, x, w, ids)
             fns["triton+lora"] = partial(experts["triton"].apply, x, w, ids, lora_std)
         fns["batched_triton"] = partial(experts["batched_triton"].apply, d.x, d.expert_num_tokens)
-        fns["batched_triton+lora"] = partial(experts["batched_triton"].apply, d.x,
-                                             d.expert_num_tokens, lora_b)
+        fns["batched_triton+lora"] = partial(
+            experts["batched_triton"].apply, d.x, d.expert_num_tokens, lora_b
+        )
         if "torch_grouped_mm" in experts:
             fns["torch_grouped_mm"] = partial(experts["torch_grouped_mm"].apply, x, w, ids)
-            fns["torch_grouped_mm+lora"] = partial(experts["torch_grouped_mm"].apply, x, w, ids,
-                                                   lora_std)
+            fns["torch_grouped_mm+lora"] = partial(
+                experts["torch_grouped_mm"].apply, x, w, ids, lora_std
+            )
 
         if impls:
             fns = {k: v for k, v in fns.items() if k in impls}
@@ -148,12 +175,16 @@ def bench_shape(name: str, tokens: list[int], replays: int, ceil: dict[str, floa
             if "batched_triton" + sfx in fns:
                 yb = fns["batched_triton" + sfx]()
                 check["batched_triton" + sfx] = rel_l2(
-                    combine_from_batched(yb, d.index_map, w, t), base)
+                    combine_from_batched(yb, d.index_map, w, t), base
+                )
             if "torch_grouped_mm" + sfx in fns:
                 check["torch_grouped_mm" + sfx] = rel_l2(fns["torch_grouped_mm" + sfx](), base)
         if check:
-            print(f"{name} T={t} rel_l2 vs triton: "
-                  + ", ".join(f"{k}={v:.1e}" for k, v in check.items()), flush=True)
+            print(
+                f"{name} T={t} rel_l2 vs triton: "
+                + ", ".join(f"{k}={v:.1e}" for k, v in check.items()),
+                flush=True,
+            )
 
         lb = lower_bound_us(shape, t, ceil["copy_tbps"], ceil["matmul_tflops"])
         times: dict[str, dict[str, Any]] = {}
@@ -166,16 +197,26 @@ def bench_shape(name: str, tokens: list[int], replays: int, ceil: dict[str, floa
         for impl, r in times.items():
             base = times.get("triton+lora" if impl.endswith("+lora") else "triton", {}).get("us")
             us = r.get("us")
-            rows.append({
-                "shape": name, "T": t, "impl": impl, "max_tokens_per_expert": m,
-                **r, "lower_bound_us": lb,
-                "ratio": us / lb if us else None,
-                "vs_triton": us / base if us and base else None,
-                "check_rel_l2_vs_triton": check.get(impl),
-            })
-        print(f"{name} T={t}: " + ", ".join(
-            f"{k}={v['us']:.1f}us" if v.get("us") else f"{k}=ERR" for k, v in times.items()),
-            flush=True)
+            rows.append(
+                {
+                    "shape": name,
+                    "T": t,
+                    "impl": impl,
+                    "max_tokens_per_expert": m,
+                    **r,
+                    "lower_bound_us": lb,
+                    "ratio": us / lb if us else None,
+                    "vs_triton": us / base if us and base else None,
+                    "check_rel_l2_vs_triton": check.get(impl),
+                }
+            )
+        print(
+            f"{name} T={t}: "
+            + ", ".join(
+                f"{k}={v['us']:.1f}us" if v.get("us") else f"{k}=ERR" for k, v in times.items()
+            ),
+            flush=True,
+        )
     del experts, w13, w2, ad
     torch.cuda.empty_cache()
     return rows
@@ -183,8 +224,14 @@ def bench_shape(name: str, tokens: list[int], replays: int, ceil: dict[str, floa
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     """µs per call and ratio to the standard Triton path at equal work."""
-    cols = ["triton", "batched_triton", "torch_grouped_mm",
-            "triton+lora", "batched_triton+lora", "torch_grouped_mm+lora"]
+    cols = [
+        "triton",
+        "batched_triton",
+        "torch_grouped_mm",
+        "triton+lora",
+        "batched_triton+lora",
+        "torch_grouped_mm+lora",
+    ]
     by = {(r["shape"], r["T"], r["impl"]): r for r in rows}
     head = f"{'shape':<15}{'T':>6}" + "".join(f"{c:>24}" for c in cols)
     print(head)
@@ -196,7 +243,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 if r is None or r.get("us") is None:
                     cells.append(f"{'-':>24}")
                     continue
-                vs = f" ({r['vs_triton']:.2f}x)" if r.get("vs_triton") and c not in ("triton", "triton+lora") else ""
+                vs = (
+                    f" ({r['vs_triton']:.2f}x)"
+                    if r.get("vs_triton") and c not in ("triton", "triton+lora")
+                    else ""
+                )
                 cells.append(f"{r['us']:>14.1f}{vs:>10}")
             print(f"{shape:<15}{t:>6}" + "".join(cells))
 
@@ -207,9 +258,15 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=DEFAULT_SHAPES)
     ap.add_argument("--tokens", nargs="*", type=int, default=TOKENS)
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--impls", nargs="*", default=None,
-                    help="subset of: triton, batched_triton, torch_grouped_mm (each +lora too)")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new cells after this")
+    ap.add_argument(
+        "--impls",
+        nargs="*",
+        default=None,
+        help="subset of: triton, batched_triton, torch_grouped_mm (each +lora too)",
+    )
+    ap.add_argument(
+        "--budget-s", type=float, default=300.0, help="stop starting new cells after this"
+    )
     args = ap.parse_args()
 
     import torch
@@ -219,10 +276,15 @@ def main() -> None:
     deadline = start + args.budget_s
     ceil = measure_ceilings()
     meta = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": triton.__version__, "ceilings": ceil, "calls_per_graph": CALLS,
-        "replays": args.replays, "lora": {"slots": LORA_SLOTS, "rank": LORA_RANK},
-        "routing": "uniform (top-k of softmax of N(0,1) logits)", "dtype": "bfloat16",
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "ceilings": ceil,
+        "calls_per_graph": CALLS,
+        "replays": args.replays,
+        "lora": {"slots": LORA_SLOTS, "rank": LORA_RANK},
+        "routing": "uniform (top-k of softmax of N(0,1) logits)",
+        "dtype": "bfloat16",
     }
     print(f"ceilings: {ceil}", flush=True)
     rows: list[dict[str, Any]] = []
@@ -237,8 +299,11 @@ def main() -> None:
     meta["wall_s"] = time.time() - start
     write_json(path, {"meta": meta, "rows": rows})
     try:
-        plot_ratios(rows, os.path.join(args.out, "kernels_batched.png"),
-                    "batched Triton / grouped_mm vs lower bound (H200, bf16)")
+        plot_ratios(
+            rows,
+            os.path.join(args.out, "kernels_batched.png"),
+            "batched Triton / grouped_mm vs lower bound (H200, bf16)",
+        )
     except Exception as exc:
         print(f"plot skipped: {exc}")
     print_table(rows)

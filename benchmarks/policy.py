@@ -42,7 +42,9 @@ print(time.perf_counter() - t)
 
 
 def _fresh(snippet: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, check=True, cwd=REPO
+    )
     return out.stdout.split()
 
 
@@ -98,20 +100,46 @@ def main() -> None:
     module_us = (time.perf_counter() - t) / calls * 1e6
 
     rows = [
-        ("import moe_policy (fresh interpreter)", f"{import_ms:.1f} ms", "<= 150 ms", import_ms <= 150),
+        (
+            "import moe_policy (fresh interpreter)",
+            f"{import_ms:.1f} ms",
+            "<= 150 ms",
+            import_ms <= 150,
+        ),
         ("torch/triton imported by it", str(heavy), "False", not heavy),
-        ("first decision, fresh interpreter (moe_policy + omegaconf imports; structlog pre-imported)", f"{cold_ms:.1f} ms", "-", None),
-        ("first decision, YAML load + resolve (deps imported)", f"{_median_ms(first):.2f} ms", "<= 20 ms", _median_ms(first) <= 20),
-        ("cached per-layer selection (Selector.select)", f"{cached_us:.2f} us", "<= 5 us", cached_us <= 5),
+        (
+            "first decision, fresh interpreter (moe_policy + omegaconf imports; structlog pre-imported)",
+            f"{cold_ms:.1f} ms",
+            "-",
+            None,
+        ),
+        (
+            "first decision, YAML load + resolve (deps imported)",
+            f"{_median_ms(first):.2f} ms",
+            "<= 20 ms",
+            _median_ms(first) <= 20,
+        ),
+        (
+            "cached per-layer selection (Selector.select)",
+            f"{cached_us:.2f} us",
+            "<= 5 us",
+            cached_us <= 5,
+        ),
         ("new layer, same signature (fingerprint + relabel)", f"{new_layer_us:.1f} us", "-", None),
         ("select_backend(), same arguments", f"{module_us:.1f} us", "-", None),
     ]
     width = max(len(r[0]) for r in rows)
     print(f"{'measure'.ljust(width)}  {'value':>10}  {'target':>10}  met")
     for name, value, target, met in rows:
-        print(f"{name.ljust(width)}  {value:>10}  {target:>10}  {'' if met is None else ('yes' if met else 'NO')}")
+        print(
+            f"{name.ljust(width)}  {value:>10}  {target:>10}  {'' if met is None else ('yes' if met else 'NO')}"
+        )
     result = {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpu_count": __import__("os").cpu_count()},
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpu_count": __import__("os").cpu_count(),
+        },
         "runs": args.runs,
         "import_ms": import_ms,
         "heavy_imported": heavy,

@@ -18,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,6 +37,7 @@ from moe_policy.experts.triton_config import (
 #: (block_n, block_k, num_warps, num_stages) candidates by BLOCK_M; gated GEMM-1 block_n
 #: counts activation columns (the MMA is twice as wide), so its list is halved.
 _DECODE = [
+    (16, 128, 4, 4),
     (32, 128, 4, 4),
     (64, 128, 4, 4),
     (64, 64, 4, 5),
@@ -59,36 +61,46 @@ _PREFILL = [
     (256, 32, 8, 5),
     (128, 64, 4, 4),
 ]
+#: BLOCK_M 256: the accumulator allows at most 128 MMA columns with 8 warps.
+_HUGE = [
+    (128, 64, 8, 4),
+    (128, 64, 8, 3),
+    (128, 32, 8, 5),
+]
+_NEIGHBOURS = {16: (32,), 32: (16, 64), 64: (32, 128), 128: (64, 256), 256: (128,)}
 
 
 def _tiles(block_m: int, gated_gemm1: bool) -> list[tuple[int, int, int, int, bool]]:
-    """(block_n, block_k, warps, stages, one_dot); gated prefill tries one and two dots."""
-    base = _DECODE if block_m <= 32 else (_MID if block_m == 64 else _PREFILL)
+    """(block_n, block_k, warps, stages, one_dot); gated GEMM 1 at BLOCK_M >= 64 is one-dot
+    (the form a TMA box serves), with two-dot forms of the first tiles too."""
+    base = {256: _HUGE, 128: _PREFILL, 64: _MID}.get(block_m, _DECODE)
     if gated_gemm1 and block_m >= 64:
         halved = [(max(32, bn // 2), bk, w, s) for bn, bk, w, s in base]
         return [(*t, True) for t in halved] + [(*t, False) for t in halved[:2]]
     return [(*t, False) for t in base]
 
 
-def candidates(shape: MoEShape, t: int) -> list[MoEConfig]:
-    """Paired (GEMM-1, GEMM-2) candidates for the heuristic BLOCK_M and one neighbour."""
+def candidates(shape: MoEShape, t: int, tma: bool = True) -> list[MoEConfig]:
+    """Paired (GEMM-1, GEMM-2) candidates for the heuristic BLOCK_M and its neighbours
+    (BLOCK_M 256 only where an expert gets at least 256 rows on average)."""
     h = heuristic_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated)
-    bms = [h.block_m]
-    nb = {16: 32, 32: 16, 64: 128, 128: 64}[h.block_m]
-    if t * shape.top_k >= nb:
-        bms.append(nb)
-    out = [h]
+    per_expert = t * shape.top_k / shape.num_experts
+    bms = [h.block_m] + [
+        bm
+        for bm in _NEIGHBOURS[h.block_m]
+        if t * shape.top_k >= bm and (bm < 256 or per_expert >= 256)
+    ]
+    out = [replace(h, gemm1=replace(h.gemm1, tma=tma), gemm2=replace(h.gemm2, tma=tma))]
     for bm in bms:
         t1 = _tiles(bm, shape.gated)
         t2 = _tiles(bm, False)
         gm = 1 if bm <= 32 else 8
         for j in range(max(len(t1), len(t2))):
             a, b = t1[j % len(t1)], t2[j % len(t2)]
-            g1 = _fit_stages(
-                bm, GemmConfig(a[0], a[1], gm, a[2], a[3], a[4]), 2 if shape.gated else 1
-            )
-            g2 = _fit_stages(bm, GemmConfig(b[0], b[1], gm, b[2], b[3]), 1)
-            c = MoEConfig(bm, g1, g2)
+            g1 = GemmConfig(a[0], a[1], gm, a[2], a[3], a[4], tma=tma)
+            g2 = GemmConfig(b[0], b[1], gm, b[2], b[3], tma=tma)
+            g1 = _fit_stages(bm, g1, 2 if shape.gated else 1)
+            c = MoEConfig(bm, g1, _fit_stages(bm, g2, 1))
             if c not in out:
                 out.append(c)
     return out

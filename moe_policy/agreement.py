@@ -40,8 +40,12 @@ class ValueGroup:
     lacking: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "ranks": list(self.ranks), "origins": list(self.origins),
-                "lacking": list(self.lacking)}
+        return {
+            "value": self.value,
+            "ranks": list(self.ranks),
+            "origins": list(self.origins),
+            "lacking": list(self.lacking),
+        }
 
 
 @dataclass(frozen=True)
@@ -66,9 +70,13 @@ class Side:
     ranks: tuple[int, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "experts_class": self.experts_class,
-                "activation_format": self.activation_format, "fingerprint": self.fingerprint,
-                "ranks": list(self.ranks)}
+        return {
+            "backend": self.backend,
+            "experts_class": self.experts_class,
+            "activation_format": self.activation_format,
+            "fingerprint": self.fingerprint,
+            "ranks": list(self.ranks),
+        }
 
 
 @dataclass(frozen=True)
@@ -80,8 +88,11 @@ class LayerMismatch:
     differences: tuple[KeyDifference, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": [list(s) for s in self.layers], "sides": [s.to_dict() for s in self.sides],
-                "differences": [d.to_dict() for d in self.differences]}
+        return {
+            "layers": [list(s) for s in self.layers],
+            "sides": [s.to_dict() for s in self.sides],
+            "differences": [d.to_dict() for d in self.differences],
+        }
 
 
 @dataclass(frozen=True)
@@ -107,10 +118,14 @@ class AgreementReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "agreed": self.agreed, "mode": self.mode, "rank": self.rank,
-            "world_size": self.world_size, "ranks": list(self.ranks),
+            "agreed": self.agreed,
+            "mode": self.mode,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "ranks": list(self.ranks),
             "hosts": {str(r): h for r, h in sorted(self.hosts.items())},
-            "layers": self.layers, "shared_layers": self.shared_layers,
+            "layers": self.layers,
+            "shared_layers": self.shared_layers,
             "ranks_without_layers": list(self.ranks_without_layers),
             "mismatches": [m.to_dict() for m in self.mismatches],
             "inputs_differ": [m.to_dict() for m in self.inputs_differ],
@@ -129,7 +144,9 @@ def _inputs_key(d: Decision) -> Any:
         (d.requested.backend, d.requested.origin) if d.requested else None,
         d.mode,
         tuple(d.policy_files),
-        tuple((r.id, r.effect, r.action, r.backends, r.matched, r.applied, r.origin) for r in d.rules),
+        tuple(
+            (r.id, r.effect, r.action, r.backends, r.matched, r.applied, r.origin) for r in d.rules
+        ),
         d.library_version,
     )
 
@@ -142,9 +159,13 @@ def _inputs(key: Any) -> dict[str, Any]:
     context, request, mode, files, rules, version = key
     return {
         "context": {k: [_jsonable(v), o] for k, v, o in sorted(context)},
-        "request": _jsonable(request), "mode": mode, "policy": _jsonable(files),
-        "rules": [[rid, effect, action, list(backends), matched, applied, origin]
-                  for rid, effect, action, backends, matched, applied, origin in rules],
+        "request": _jsonable(request),
+        "mode": mode,
+        "policy": _jsonable(files),
+        "rules": [
+            [rid, effect, action, list(backends), matched, applied, origin]
+            for rid, effect, action, backends, matched, applied, origin in rules
+        ],
         "library_version": version,
     }
 
@@ -153,7 +174,9 @@ def local_mode(decisions: Sequence[Decision], mode: str | None) -> tuple[str, st
     """This rank's consistency mode and its origin; None when it has nothing to say."""
     if mode is not None:
         if mode not in MODES:
-            raise PolicyError(f"consistency mode: expected one of {', '.join(MODES)}, got {mode!r}", "api:mode")
+            raise PolicyError(
+                f"consistency mode: expected one of {', '.join(MODES)}, got {mode!r}", "api:mode"
+            )
         return mode, "api:mode"
     found = [d.run_settings["consistency"] for d in decisions if "consistency" in d.run_settings]
     if not found:
@@ -172,11 +195,26 @@ def rank_summary(
             ref = refs.setdefault(_inputs_key(d), len(refs))
         except TypeError:  # an unhashable context value: key by its canonical JSON instead
             ref = refs.setdefault(canonical_json(_inputs(_inputs_key(d))), len(refs))
-        layers.append([d.layer_kind, d.layer_index, d.fingerprint, d.backend, d.experts_class,
-                       d.activation_format, ref])
+        layers.append(
+            [
+                d.layer_kind,
+                d.layer_index,
+                d.fingerprint,
+                d.backend,
+                d.experts_class,
+                d.activation_format,
+                ref,
+            ]
+        )
     inputs = [_inputs(key) if isinstance(key, tuple) else json.loads(key) for key in refs]
-    return {"v": SUMMARY_VERSION, "rank": rank, "host": host,
-            "consistency": list(mode) if mode else None, "layers": layers, "inputs": inputs}
+    return {
+        "v": SUMMARY_VERSION,
+        "rank": rank,
+        "host": host,
+        "consistency": list(mode) if mode else None,
+        "layers": layers,
+        "inputs": inputs,
+    }
 
 
 # --- Comparison (pure: the same gathered data gives the same verdict on every rank) -----
@@ -209,10 +247,17 @@ def compare_summaries(summaries: Sequence[Mapping[str, Any]], *, rank: int) -> A
         target.setdefault(pattern, []).append((sig, sides, diffs))
     consistency = _consistency_groups(modes) if len(set(stated)) > 1 else ()
     report = AgreementReport(
-        agreed=not mismatched, mode=mode, rank=rank, ranks=ranks, hosts=hosts, layers=len(by_sig),
+        agreed=not mismatched,
+        mode=mode,
+        rank=rank,
+        ranks=ranks,
+        hosts=hosts,
+        layers=len(by_sig),
         shared_layers=sum(1 for e in by_sig.values() if len(e) > 1),
         ranks_without_layers=tuple(r for r in ranks if not by_rank[r]["layers"]),
-        mismatches=_grouped(mismatched), inputs_differ=_grouped(differing), consistency=consistency,
+        mismatches=_grouped(mismatched),
+        inputs_differ=_grouped(differing),
+        consistency=consistency,
     )
     return _with_message(report)
 
@@ -230,10 +275,13 @@ def _sides(entries: Sequence[tuple[int, list[Any]]]) -> tuple[Side, ...]:
     return tuple(sorted(sides, key=lambda s: s.ranks))
 
 
-def _grouped(patterns: Mapping[str, list[tuple[Signature, tuple[Side, ...], tuple[KeyDifference, ...]]]]
-             ) -> tuple[LayerMismatch, ...]:
-    out = [LayerMismatch(tuple(sig for sig, _, _ in items), items[0][1], items[0][2])
-           for items in patterns.values()]
+def _grouped(
+    patterns: Mapping[str, list[tuple[Signature, tuple[Side, ...], tuple[KeyDifference, ...]]]],
+) -> tuple[LayerMismatch, ...]:
+    out = [
+        LayerMismatch(tuple(sig for sig, _, _ in items), items[0][1], items[0][2])
+        for items in patterns.values()
+    ]
     return tuple(sorted(out, key=lambda m: _sig_order(m.layers[0])))
 
 
@@ -244,8 +292,12 @@ def _consistency_groups(modes: Sequence[tuple[int, Any]]) -> tuple[ValueGroup, .
             ranks, origins = groups.setdefault(m[0], ([], set()))
             ranks.append(r)
             origins.add(str(m[1]))
-    return tuple(sorted((ValueGroup(v, tuple(rs), tuple(sorted(os_))) for v, (rs, os_) in groups.items()),
-                        key=lambda g: g.ranks))
+    return tuple(
+        sorted(
+            (ValueGroup(v, tuple(rs), tuple(sorted(os_))) for v, (rs, os_) in groups.items()),
+            key=lambda g: g.ranks,
+        )
+    )
 
 
 def _differences(per_rank: Sequence[tuple[int, Mapping[str, Any]]]) -> tuple[KeyDifference, ...]:
@@ -263,7 +315,12 @@ def _differences(per_rank: Sequence[tuple[int, Mapping[str, Any]]]) -> tuple[Key
         add("mode", r, inputs.get("mode"), None)
         add("library_version", r, inputs.get("library_version"), None)
         policy = inputs.get("policy") or []
-        add("policy.files", r, [sha for _, sha in policy], ", ".join(str(p) for p, _ in policy) or None)
+        add(
+            "policy.files",
+            r,
+            [sha for _, sha in policy],
+            ", ".join(str(p) for p, _ in policy) or None,
+        )
         for rule in inputs.get("rules") or []:
             add(f"rule {rule[0]}", r, rule[1:6], rule[6])
     all_ranks = [r for r, _ in per_rank]
@@ -284,8 +341,12 @@ def _differences(per_rank: Sequence[tuple[int, Mapping[str, Any]]]) -> tuple[Key
         is_list = key in CONTEXT_KEYS and CONTEXT_KEYS[key].type == "list"
         union = {str(v) for value, _, _ in groups.values() if is_list and value for v in value}
         values = [
-            ValueGroup(value, tuple(sorted(rs)), tuple(sorted(origins)),
-                       tuple(sorted(union - {str(v) for v in value or ()})) if is_list else ())
+            ValueGroup(
+                value,
+                tuple(sorted(rs)),
+                tuple(sorted(origins)),
+                tuple(sorted(union - {str(v) for v in value or ()})) if is_list else (),
+            )
             for value, rs, origins in groups.values()
         ]
         diffs.append(KeyDifference(key, tuple(sorted(values, key=lambda g: g.ranks))))
@@ -381,7 +442,9 @@ def _with_message(report: AgreementReport) -> AgreementReport:
         lines.extend(_mismatch_lines(report.mismatches, report.hosts))
     elif report.inputs_differ:
         count = sum(len(m.layers) for m in report.inputs_differ)
-        lines.append(f"MoE backends agree, but decision inputs differ across ranks on {count} layer(s):")
+        lines.append(
+            f"MoE backends agree, but decision inputs differ across ranks on {count} layer(s):"
+        )
         lines.extend(_mismatch_lines(report.inputs_differ, report.hosts))
     else:
         lines.append(
@@ -390,11 +453,14 @@ def _with_message(report: AgreementReport) -> AgreementReport:
         )
     if report.consistency:
         groups = "; ".join(
-            f"{g.value}" + (f" from {', '.join(g.origins)}" if g.origins else "")
+            f"{g.value}"
+            + (f" from {', '.join(g.origins)}" if g.origins else "")
             + f" on {format_ranks(g.ranks, report.hosts)}"
             for g in report.consistency
         )
-        lines.append(f"  `consistency` differs: {groups}; the strictest ({report.mode}) applies on every rank")
+        lines.append(
+            f"  `consistency` differs: {groups}; the strictest ({report.mode}) applies on every rank"
+        )
     if report.mismatches and report.mode == "error":
         lines.append("  Every rank raises this error; set `consistency: warn` to log it instead.")
     return replace(report, message="\n".join(lines))
@@ -405,12 +471,20 @@ def _mismatch_lines(mismatches: Sequence[LayerMismatch], hosts: Mapping[int, str
     for m in mismatches:
         lines.append(f"- {format_layers(m.layers)}:")
         for side in m.sides:
-            extra = "" if side.experts_class is None else f" ({side.experts_class}, {side.activation_format})"
-            lines.append(f"    {side.backend}{extra} on {format_ranks(side.ranks, hosts)} "
-                         f"[fingerprint {side.fingerprint[:12]}]")
+            extra = (
+                ""
+                if side.experts_class is None
+                else f" ({side.experts_class}, {side.activation_format})"
+            )
+            lines.append(
+                f"    {side.backend}{extra} on {format_ranks(side.ranks, hosts)} "
+                f"[fingerprint {side.fingerprint[:12]}]"
+            )
         if m.differences:
             lines.extend(f"    differs: {format_difference(d, hosts)}" for d in m.differences)
         else:
-            lines.append("    differs: only in what the fingerprint hashes beyond the record "
-                         "(policy rule conditions or the backend catalog)")
+            lines.append(
+                "    differs: only in what the fingerprint hashes beyond the record "
+                "(policy rule conditions or the backend catalog)"
+            )
     return lines

@@ -59,13 +59,20 @@ def _load_model_like(model: ModelLike) -> ModelFacts:
         return model_facts_from_mapping(model)
     if isinstance(model, (str, os.PathLike)):
         return load_model(Path(model))
-    raise PolicyError(f"model must be a path, a config mapping or ModelFacts, got {type(model).__name__}", "api:model")
+    raise PolicyError(
+        f"model must be a path, a config mapping or ModelFacts, got {type(model).__name__}",
+        "api:model",
+    )
 
 
-def explicit_entries(arguments: Mapping[str, Any], overrides: Mapping[str, Any] | None, origin: Origin) -> list[Entry]:
+def explicit_entries(
+    arguments: Mapping[str, Any], overrides: Mapping[str, Any] | None, origin: Origin
+) -> list[Entry]:
     """API keywords (None = not given) and free-form overrides as explicit entries."""
     entries = [
-        Entry(API_KEYS[name], value, origin) for name, value in arguments.items() if value is not None
+        Entry(API_KEYS[name], value, origin)
+        for name, value in arguments.items()
+        if value is not None
     ]
     entries.extend(Entry(key, value, origin) for key, value in (overrides or {}).items())
     return entries
@@ -109,20 +116,28 @@ class Selector:
     ) -> None:
         self.catalog = catalog or load_catalog()
         self.settings = resolve_settings(
-            self.catalog, policy_files=policy_files, environ=environ, explicit=explicit,
+            self.catalog,
+            policy_files=policy_files,
+            environ=environ,
+            explicit=explicit,
             files_origin=files_origin,
         )
         self.model = _load_model_like(model)
         self.context = build_context(
-            self.catalog, self.model, self.settings.context,
-            mode=self.settings.mode, request=self.settings.request, platform=platform,
+            self.catalog,
+            self.model,
+            self.settings.context,
+            mode=self.settings.mode,
+            request=self.settings.request,
+            platform=platform,
         )
         self.resolver = Resolver(self.catalog, self.settings, extra_checks)
         self.reporter = reporter or REPORTER
         audit_path = self.settings.value("audit.path")
         self.audit = (
             AuditSink(str(audit_path), bool(self.settings.value("audit.required", False)))
-            if audit_path else None
+            if audit_path
+            else None
         )
         self._layers: dict[tuple[int | None, str | None], Decision] = {}
         self._lock = threading.RLock()
@@ -172,7 +187,9 @@ _SELECTORS_LOCK = threading.Lock()
 
 
 def _env_key() -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("MOE_POLICY_", "VLLM_"))))
+    return tuple(
+        sorted((k, v) for k, v in os.environ.items() if k.startswith(("MOE_POLICY_", "VLLM_")))
+    )
 
 
 def _freeze(value: Any) -> Any:

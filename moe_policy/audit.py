@@ -42,21 +42,25 @@ def rank_info(environ: Mapping[str, str] | None = None) -> tuple[int | None, int
     return rank, world
 
 
-def audit_record(decision: Decision, count: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def audit_record(
+    decision: Decision, count: int, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The decision record plus timestamp, host, pid, rank, world size and repeat count."""
     import datetime as _dt
     import socket
 
     rank, world = rank_info()
     record = decision.to_dict()
-    record.update({
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds"),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "rank": rank,
-        "world_size": world,
-        "count": count,
-    })
+    record.update(
+        {
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds"),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "rank": rank,
+            "world_size": world,
+            "count": count,
+        }
+    )
     if extra:
         record.update(extra)
     return record
@@ -77,11 +81,15 @@ class AuditSink:
 
     def write(self, record: Mapping[str, Any]) -> OSError | None:
         """Append one line; returns the error instead of raising (the caller decides)."""
-        line = (json.dumps(record, sort_keys=True, separators=(",", ":"), default=str) + "\n").encode()
+        line = (
+            json.dumps(record, sort_keys=True, separators=(",", ":"), default=str) + "\n"
+        ).encode()
         with self._lock:
             try:
                 if self._fd is None:
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    self._fd = os.open(
+                        self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
+                    )
                 written = os.write(self._fd, line)
                 if written != len(line):
                     raise OSError(f"short write: {written} of {len(line)} bytes")

@@ -25,9 +25,24 @@ from moe_policy.yamlio import LoadedYaml, load_yaml_file
 ENTRY_POINT_GROUP = "moe_policy.backends"
 LORA_SUPPORT = ("true", "false", "conditional", "delegated")
 BACKEND_KEYS = (
-    "description", "experts_class", "implementation", "platforms", "capability", "dtypes",
-    "quantization", "activations", "activation_format", "parallel", "lora", "batch_invariant",
-    "max_experts", "intermediate_multiple", "hidden_multiple", "bias", "packages", "delegated",
+    "description",
+    "experts_class",
+    "implementation",
+    "platforms",
+    "capability",
+    "dtypes",
+    "quantization",
+    "activations",
+    "activation_format",
+    "parallel",
+    "lora",
+    "batch_invariant",
+    "max_experts",
+    "intermediate_multiple",
+    "hidden_multiple",
+    "bias",
+    "packages",
+    "delegated",
 )
 
 
@@ -118,7 +133,9 @@ class Catalog:
         try:
             return self.backends[name]
         except KeyError:
-            raise PolicyError(f"unknown backend {name!r}{did_you_mean(name, self.backends)}") from None
+            raise PolicyError(
+                f"unknown backend {name!r}{did_you_mean(name, self.backends)}"
+            ) from None
 
     def implementation(self, name: str) -> str | None:
         return self.implementations.get(name)
@@ -137,7 +154,9 @@ class Catalog:
         return getattr(module, attr)  # type: ignore[no-any-return]
 
 
-def _strs(value: Any, where: str, field: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+def _strs(
+    value: Any, where: str, field: str, allowed: tuple[str, ...] | None = None
+) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -200,9 +219,13 @@ def parse_catalog(loaded: LoadedYaml) -> Catalog:
             dtypes=_strs(raw.get("dtypes"), where, "dtypes", DTYPES),
             quantization=_strs(raw.get("quantization"), where, "quantization", QUANTIZATIONS),
             gated_activations=_strs(acts.get("gated"), where, "activations.gated", ACTIVATIONS),
-            non_gated_activations=_strs(acts.get("non_gated"), where, "activations.non_gated", ACTIVATIONS),
+            non_gated_activations=_strs(
+                acts.get("non_gated"), where, "activations.non_gated", ACTIVATIONS
+            ),
             activation_format=fmt,
-            all2all_exclude=_strs(par.get("all2all_exclude"), where, "parallel.all2all_exclude", ALL2ALL_KINDS),
+            all2all_exclude=_strs(
+                par.get("all2all_exclude"), where, "parallel.all2all_exclude", ALL2ALL_KINDS
+            ),
             eplb=bool(par.get("eplb", True)),
             lora=lora_supported,
             lora_conditions=lora_conditions,
@@ -267,7 +290,9 @@ def check_registry(catalog: Catalog) -> list[str]:
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
     """The built-in catalog (cached); registry drift is an error that names what is missing."""
-    loaded = load_yaml_file(paths.BACKENDS_CATALOG, display_path=paths.BACKENDS_CATALOG_NAME, use_omegaconf=False)
+    loaded = load_yaml_file(
+        paths.BACKENDS_CATALOG, display_path=paths.BACKENDS_CATALOG_NAME, use_omegaconf=False
+    )
     catalog = parse_catalog(loaded)
     problems = check_registry(catalog)
     if problems:

@@ -17,13 +17,42 @@ from moe_policy.origin import Origin
 
 PLATFORMS = ("cuda", "rocm", "cpu", "xpu", "tpu", "oot")
 DTYPES = ("bf16", "fp16", "fp32")
-QUANTIZATIONS = ("none", "fp8", "mxfp4", "nvfp4", "int8", "int4", "awq", "gptq", "compressed_tensors", "other")
+QUANTIZATIONS = (
+    "none",
+    "fp8",
+    "mxfp4",
+    "nvfp4",
+    "int8",
+    "int4",
+    "awq",
+    "gptq",
+    "compressed_tensors",
+    "other",
+)
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swigluoai", "swiglustep", "relu2")
-ROUTINGS = ("renormalize", "renormalize_naive", "softmax", "sigmoid", "deepseek_v3", "llama4", "custom")
+ROUTINGS = (
+    "renormalize",
+    "renormalize_naive",
+    "softmax",
+    "sigmoid",
+    "deepseek_v3",
+    "llama4",
+    "custom",
+)
 ALL2ALL_KINDS = (
-    "none", "naive", "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency",
-    "deepep_v2", "flashinfer_all2allv", "flashinfer_nvlink_one_sided",
-    "flashinfer_nvlink_two_sided", "mori_high_throughput", "mori_low_latency", "nixl_ep", "pplx",
+    "none",
+    "naive",
+    "allgather_reducescatter",
+    "deepep_high_throughput",
+    "deepep_low_latency",
+    "deepep_v2",
+    "flashinfer_all2allv",
+    "flashinfer_nvlink_one_sided",
+    "flashinfer_nvlink_two_sided",
+    "mori_high_throughput",
+    "mori_low_latency",
+    "nixl_ep",
+    "pplx",
 )
 #: All2all kinds whose prepare/finalize delivers the batched [E, max_tokens, H] format.
 BATCHED_ALL2ALL = frozenset({"deepep_low_latency", "nixl_ep"})
@@ -44,45 +73,55 @@ class KeySpec:
     derived: bool = False
 
 
-CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType({
-    "platform": KeySpec("str", "accelerator platform", PLATFORMS),
-    "device.capability": KeySpec("capability", "CUDA compute capability, e.g. 9.0 (None off CUDA)"),
-    "device.name": KeySpec("str", "device name as the driver reports it"),
-    "packages": KeySpec("list", "importable packages on the target (flashinfer, triton, aiter, ...)"),
-    "model.architecture": KeySpec("str", "Hugging Face architecture class"),
-    "model.dtype": KeySpec("str", "weight/activation dtype", DTYPES),
-    "model.quantization": KeySpec("str", "weight quantization family", QUANTIZATIONS),
-    "model.activation": KeySpec("str", "expert activation", ACTIVATIONS),
-    "model.gated": KeySpec("bool", "act(gate) * up (true) or act(up) (false, e.g. relu2)"),
-    "model.num_experts": KeySpec("int", "routed experts in the model"),
-    "model.local_experts": KeySpec("int", "routed experts on one rank", derived=True),
-    "model.top_k": KeySpec("int", "experts per token"),
-    "model.hidden_size": KeySpec("int", "hidden size H"),
-    "model.intermediate_size": KeySpec("int", "expert intermediate size I (whole expert)"),
-    "model.intermediate_size_per_partition": KeySpec(
-        "int", "I on one rank (I / tp without expert parallelism)", derived=True
-    ),
-    "model.shared_experts": KeySpec("int", "shared experts beside the routed ones"),
-    "model.routing": KeySpec("str", "routing method", ROUTINGS),
-    "model.router_weight_on_input": KeySpec("bool", "router weight applied to the input (Llama-4)"),
-    "model.has_bias": KeySpec("bool", "expert projections carry biases (gpt-oss)"),
-    "parallel.tp": KeySpec("int", "tensor-parallel size"),
-    "parallel.dp": KeySpec("int", "data-parallel size"),
-    "parallel.ep": KeySpec("bool", "expert parallelism enabled"),
-    "parallel.ep_size": KeySpec("int", "expert-parallel group size", derived=True),
-    "parallel.all2all": KeySpec("str", "all2all (prepare/finalize) kind", ALL2ALL_KINDS),
-    "parallel.activation_format": KeySpec(
-        "str", "format the experts receive (from parallel.all2all)", FORMATS, derived=True
-    ),
-    "parallel.eplb": KeySpec("bool", "expert-parallel load balancing"),
-    "lora.enabled": KeySpec("bool", "LoRA adapters are served"),
-    "lora.max_rank": KeySpec("int", "largest adapter rank"),
-    "lora.max_loras": KeySpec("int", "adapter slots resident per batch"),
-    "layer.kind": KeySpec("str", "layer kind (draft/mtp for speculative layers)", LAYER_KINDS),
-    "layer.index": KeySpec("int", "layer index in the model", rank_local=True),
-    "batch_invariant": KeySpec("bool", "batch-invariant kernels required (VLLM_BATCH_INVARIANT)"),
-    "rocm.aiter": KeySpec("bool", "AITER MoE switched on (VLLM_ROCM_USE_AITER semantics)"),
-})
+CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
+    {
+        "platform": KeySpec("str", "accelerator platform", PLATFORMS),
+        "device.capability": KeySpec(
+            "capability", "CUDA compute capability, e.g. 9.0 (None off CUDA)"
+        ),
+        "device.name": KeySpec("str", "device name as the driver reports it"),
+        "packages": KeySpec(
+            "list", "importable packages on the target (flashinfer, triton, aiter, ...)"
+        ),
+        "model.architecture": KeySpec("str", "Hugging Face architecture class"),
+        "model.dtype": KeySpec("str", "weight/activation dtype", DTYPES),
+        "model.quantization": KeySpec("str", "weight quantization family", QUANTIZATIONS),
+        "model.activation": KeySpec("str", "expert activation", ACTIVATIONS),
+        "model.gated": KeySpec("bool", "act(gate) * up (true) or act(up) (false, e.g. relu2)"),
+        "model.num_experts": KeySpec("int", "routed experts in the model"),
+        "model.local_experts": KeySpec("int", "routed experts on one rank", derived=True),
+        "model.top_k": KeySpec("int", "experts per token"),
+        "model.hidden_size": KeySpec("int", "hidden size H"),
+        "model.intermediate_size": KeySpec("int", "expert intermediate size I (whole expert)"),
+        "model.intermediate_size_per_partition": KeySpec(
+            "int", "I on one rank (I / tp without expert parallelism)", derived=True
+        ),
+        "model.shared_experts": KeySpec("int", "shared experts beside the routed ones"),
+        "model.routing": KeySpec("str", "routing method", ROUTINGS),
+        "model.router_weight_on_input": KeySpec(
+            "bool", "router weight applied to the input (Llama-4)"
+        ),
+        "model.has_bias": KeySpec("bool", "expert projections carry biases (gpt-oss)"),
+        "parallel.tp": KeySpec("int", "tensor-parallel size"),
+        "parallel.dp": KeySpec("int", "data-parallel size"),
+        "parallel.ep": KeySpec("bool", "expert parallelism enabled"),
+        "parallel.ep_size": KeySpec("int", "expert-parallel group size", derived=True),
+        "parallel.all2all": KeySpec("str", "all2all (prepare/finalize) kind", ALL2ALL_KINDS),
+        "parallel.activation_format": KeySpec(
+            "str", "format the experts receive (from parallel.all2all)", FORMATS, derived=True
+        ),
+        "parallel.eplb": KeySpec("bool", "expert-parallel load balancing"),
+        "lora.enabled": KeySpec("bool", "LoRA adapters are served"),
+        "lora.max_rank": KeySpec("int", "largest adapter rank"),
+        "lora.max_loras": KeySpec("int", "adapter slots resident per batch"),
+        "layer.kind": KeySpec("str", "layer kind (draft/mtp for speculative layers)", LAYER_KINDS),
+        "layer.index": KeySpec("int", "layer index in the model", rank_local=True),
+        "batch_invariant": KeySpec(
+            "bool", "batch-invariant kernels required (VLLM_BATCH_INVARIANT)"
+        ),
+        "rocm.aiter": KeySpec("bool", "AITER MoE switched on (VLLM_ROCM_USE_AITER semantics)"),
+    }
+)
 
 
 def parse_capability(value: Any) -> tuple[int, int]:
@@ -130,7 +169,9 @@ def coerce_value(key: str, value: Any, origin: Origin | str) -> Any:
     spec = CONTEXT_KEYS.get(key)
     if spec is None:
         raise PolicyError(
-            f"unknown context key {key!r}{did_you_mean(key, CONTEXT_KEYS)}", origin, key=key,
+            f"unknown context key {key!r}{did_you_mean(key, CONTEXT_KEYS)}",
+            origin,
+            key=key,
             code="unknown-context-key",
         )
     if value is None:

@@ -92,8 +92,12 @@ class Candidate:
         self, pass_name: str, code: ReasonCode, detail: str, rule: str | None = None
     ) -> Candidate:
         return replace(
-            self, status=Status.ELIMINATED, pass_name=pass_name, reason_code=code,
-            detail=detail, rule=rule,
+            self,
+            status=Status.ELIMINATED,
+            pass_name=pass_name,
+            reason_code=code,
+            detail=detail,
+            rule=rule,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,8 +136,10 @@ class Adaptation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "requested": self.requested, "adapted_to": self.adapted_to,
-            "reason": self.reason, "origin": self.origin,
+            "requested": self.requested,
+            "adapted_to": self.adapted_to,
+            "reason": self.reason,
+            "origin": self.origin,
         }
 
 

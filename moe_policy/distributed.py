@@ -120,9 +120,12 @@ def check_agreement(
         raise failure
     problems = [s for s in gathered if "problem" in s]
     if problems:
-        raise AgreementCheckError("; ".join(
-            f"the agreement check failed on rank {s['rank']} ({s['host']}): {s['problem']}" for s in problems
-        ))
+        raise AgreementCheckError(
+            "; ".join(
+                f"the agreement check failed on rank {s['rank']} ({s['host']}): {s['problem']}"
+                for s in problems
+            )
+        )
     report = compare_summaries(gathered, rank=rank)
     _log(report)
     _audit(report, decisions, audit, mine)
@@ -144,7 +147,9 @@ def _all_gather(summary: dict[str, Any], group: Any) -> list[dict[str, Any]]:
 
     if not (dist.is_available() and dist.is_initialized()):
         if group is not None:
-            raise PolicyError("a process group was given but torch.distributed is not initialised", "api:group")
+            raise PolicyError(
+                "a process group was given but torch.distributed is not initialised", "api:group"
+            )
         return [summary]
     if group is not None and dist.get_rank(group) < 0:
         raise PolicyError("this rank is not a member of the given process group", "api:group")
@@ -186,22 +191,33 @@ def nccl_device(dist: Any, torch: Any, group: Any) -> int:
 def _log(report: AgreementReport) -> None:
     log = get_logger()
     fields = {
-        "agreed": report.agreed, "mode": report.mode, "rank": report.rank,
-        "world_size": report.world_size, "layers": report.layers,
+        "agreed": report.agreed,
+        "mode": report.mode,
+        "rank": report.rank,
+        "world_size": report.world_size,
+        "layers": report.layers,
         "shared_layers": report.shared_layers,
         "ranks_without_layers": list(report.ranks_without_layers),
     }
     if report.mismatches:
         event = log.error if report.mode == "error" else log.warning
-        event("moe_policy.decision_mismatch",
-              mismatched_layers=sum(len(m.layers) for m in report.mismatches),
-              mismatches=[m.to_dict() for m in report.mismatches], detail=report.message, **fields)
+        event(
+            "moe_policy.decision_mismatch",
+            mismatched_layers=sum(len(m.layers) for m in report.mismatches),
+            mismatches=[m.to_dict() for m in report.mismatches],
+            detail=report.message,
+            **fields,
+        )
         return
     if report.inputs_differ:
-        log.warning("moe_policy.decision_inputs_differ",
-                    layers_with_differing_inputs=sum(len(m.layers) for m in report.inputs_differ),
-                    differences=[m.to_dict() for m in report.inputs_differ], detail=report.message,
-                    rank=report.rank, world_size=report.world_size)
+        log.warning(
+            "moe_policy.decision_inputs_differ",
+            layers_with_differing_inputs=sum(len(m.layers) for m in report.inputs_differ),
+            differences=[m.to_dict() for m in report.inputs_differ],
+            detail=report.message,
+            rank=report.rank,
+            world_size=report.world_size,
+        )
     log.info("moe_policy.agreement", **fields)
 
 
@@ -227,16 +243,23 @@ def agreement_record(report: AgreementReport, mode: tuple[str, str] | None) -> d
     }
 
 
-def _audit(report: AgreementReport, decisions: Sequence[Decision], audit: AuditSink | str | None,
-           mode: tuple[str, str] | None) -> None:
+def _audit(
+    report: AgreementReport,
+    decisions: Sequence[Decision],
+    audit: AuditSink | str | None,
+    mode: tuple[str, str] | None,
+) -> None:
     sink = audit
     if sink is None:
         settings = next(
-            (d.run_settings for d in decisions if d.run_settings.get("audit.path", (None,))[0]), None
+            (d.run_settings for d in decisions if d.run_settings.get("audit.path", (None,))[0]),
+            None,
         )
         if settings is None:
             return
-        sink = AuditSink(str(settings["audit.path"][0]), bool(settings.get("audit.required", (False,))[0]))
+        sink = AuditSink(
+            str(settings["audit.path"][0]), bool(settings.get("audit.required", (False,))[0])
+        )
     elif isinstance(sink, str):
         sink = AuditSink(sink)
     error = sink.write(agreement_record(report, mode))
@@ -246,12 +269,26 @@ def _audit(report: AgreementReport, decisions: Sequence[Decision], audit: AuditS
         return
     if sink.required:
         raise AuditWriteError(f"audit log {sink.path!r} could not be written: {error}")
-    get_logger().warning("moe_policy.audit_failed", path=sink.path, error=str(error),
-                         detail="agreement outcome returned without an audit line")
+    get_logger().warning(
+        "moe_policy.audit_failed",
+        path=sink.path,
+        error=str(error),
+        detail="agreement outcome returned without an audit line",
+    )
 
 
 __all__ = [
-    "MODES", "RANK_LOCAL_KEYS", "AgreementCheckError", "AgreementReport", "DecisionMismatchError", "KeyDifference",
-    "LayerMismatch", "Side", "ValueGroup", "check_agreement", "compare_summaries", "local_mode",
+    "MODES",
+    "RANK_LOCAL_KEYS",
+    "AgreementCheckError",
+    "AgreementReport",
+    "DecisionMismatchError",
+    "KeyDifference",
+    "LayerMismatch",
+    "Side",
+    "ValueGroup",
+    "check_agreement",
+    "compare_summaries",
+    "local_mode",
     "rank_summary",
 ]

@@ -82,40 +82,67 @@ class Reporter:
             key = (notice.name, notice.origin)
             if key not in self._notices_seen:
                 self._notices_seen.add(key)
-                log.warning(notice.event, knob=notice.name, origin=notice.origin,
-                            detail=notice.detail, replacement=notice.replacement)
+                log.warning(
+                    notice.event,
+                    knob=notice.name,
+                    origin=notice.origin,
+                    detail=notice.detail,
+                    replacement=notice.replacement,
+                )
         for rule in decision.rules:
             if rule.action == "audit" and rule.matched:
-                log.info("moe_policy.rule_audit", rule=rule.id, effect=rule.effect,
-                         backends=list(rule.backends), origin=rule.origin,
-                         fingerprint=decision.fingerprint[:16])
+                log.info(
+                    "moe_policy.rule_audit",
+                    rule=rule.id,
+                    effect=rule.effect,
+                    backends=list(rule.backends),
+                    origin=rule.origin,
+                    fingerprint=decision.fingerprint[:16],
+                )
         for adaptation in decision.adaptations:
-            log.info("moe_policy.request_adapted", requested=adaptation.requested,
-                     adapted_to=adaptation.adapted_to, origin=adaptation.origin,
-                     detail=adaptation.reason)
+            log.info(
+                "moe_policy.request_adapted",
+                requested=adaptation.requested,
+                adapted_to=adaptation.adapted_to,
+                origin=adaptation.origin,
+                detail=adaptation.reason,
+            )
         for override in decision.overrides:
             log.warning(
                 "moe_policy.request_overridden",
-                requested=override.requested, origin=override.origin, selected=override.selected,
-                reason_code=override.reason_code.value, detail=override.detail,
-                pass_name=override.pass_name, rule=override.rule, mode=decision.mode,
-                layer_kind=decision.layer_kind, layer_index=decision.layer_index,
+                requested=override.requested,
+                origin=override.origin,
+                selected=override.selected,
+                reason_code=override.reason_code.value,
+                detail=override.detail,
+                pass_name=override.pass_name,
+                rule=override.rule,
+                mode=decision.mode,
+                layer_kind=decision.layer_kind,
+                layer_index=decision.layer_index,
                 fingerprint=decision.fingerprint[:16],
             )
         if decision.backend is None:
             log.error(
                 "moe_policy.no_feasible_backend",
-                candidates={c.backend: c.reason_code.value for c in decision.candidates if c.reason_code},
+                candidates={
+                    c.backend: c.reason_code.value for c in decision.candidates if c.reason_code
+                },
                 fingerprint=decision.fingerprint[:16],
             )
             return
         log.info(
             "moe_policy.decision",
-            backend=decision.backend, experts_class=decision.experts_class,
-            activation_format=decision.activation_format, outcome=decision.outcome.value,
+            backend=decision.backend,
+            experts_class=decision.experts_class,
+            activation_format=decision.activation_format,
+            outcome=decision.outcome.value,
             requested=decision.requested.backend if decision.requested else None,
-            layer_kind=decision.layer_kind, layer_index=decision.layer_index,
-            fingerprint=decision.fingerprint[:16], count=1, summary=decision.describe(),
+            layer_kind=decision.layer_kind,
+            layer_index=decision.layer_index,
+            fingerprint=decision.fingerprint[:16],
+            count=1,
+            summary=decision.describe(),
         )
 
     def _audit(self, decision: Decision, count: int, sink: AuditSink) -> None:
@@ -129,8 +156,12 @@ class Reporter:
             first = key not in self._audit_failures
             self._audit_failures.add(key)
         if first:
-            get_logger().warning("moe_policy.audit_failed", path=sink.path, error=str(error),
-                                 detail="decision returned without an audit line")
+            get_logger().warning(
+                "moe_policy.audit_failed",
+                path=sink.path,
+                error=str(error),
+                detail="decision returned without an audit line",
+            )
 
 
 #: The process-wide reporter (state: counts and dedupe sets). ``REPORTER.reset()`` in tests.

@@ -99,7 +99,8 @@ def _derive(values: dict[str, Any], origins: dict[str, str]) -> None:
         if inter % tp:
             raise PolicyError(
                 f"model.intermediate_size {inter} is not divisible by parallel.tp={tp}",
-                origins["parallel.tp"], key="parallel.tp",
+                origins["parallel.tp"],
+                key="parallel.tp",
             )
         per_partition = inter // tp
     values["model.intermediate_size_per_partition"] = per_partition

@@ -78,14 +78,18 @@ class MoELayer(torch.nn.Module):
             ) from None
         ok, why = experts_cls.is_available()
         if not ok:
-            raise BackendNotImplementedError(f"the policy chose {backend!r}, which cannot run here: {why}")
+            raise BackendNotImplementedError(
+                f"the policy chose {backend!r}, which cannot run here: {why}"
+            )
         self.experts: FusedMoEExperts = experts_cls(self.config, w13, w2, w13_bias, w2_bias)
         self.batched = self.decision.activation_format == "batched"
         ctx = selector.context.values
         self.lora: MoELoRAAdapters | None = None
         if ctx.get("lora.enabled"):
             if not experts_cls.supports_lora:
-                raise BackendNotImplementedError(f"{backend!r} was chosen with LoRA on but its class cannot apply LoRA")
+                raise BackendNotImplementedError(
+                    f"{backend!r} was chosen with LoRA on but its class cannot apply LoRA"
+                )
             self.lora = MoELoRAAdapters.allocate(
                 num_slots=int(ctx.get("lora.max_loras") or 1),
                 num_experts=self.config.num_experts,
@@ -115,10 +119,14 @@ class MoELayer(torch.nn.Module):
     ) -> MoELayer:
         """A layer with its own Selector; ``deployment`` takes select_backend's keywords."""
         selector = Selector(
-            model, policy_files=policy_files, environ=environ,
+            model,
+            policy_files=policy_files,
+            environ=environ,
             explicit=explicit_entries(deployment, overrides, Origin.api()),
         )
-        return cls(selector, w13, w2, w13_bias, w2_bias, layer_index=layer_index, layer_kind=layer_kind)
+        return cls(
+            selector, w13, w2, w13_bias, w2_bias, layer_index=layer_index, layer_kind=layer_kind
+        )
 
     def load_adapter(self, slot: int, **weights: Any) -> None:
         """Load one adapter into a slot (see ``MoELoRAAdapters.set_adapter``)."""
@@ -135,9 +143,15 @@ class MoELayer(torch.nn.Module):
     ) -> torch.Tensor:
         """``x`` [T, H] routed by ``topk_ids``/``topk_weights`` [T, k] -> [T, H]."""
         if token_lora_mapping is not None and self.lora is None:
-            raise MoEPolicyError("a token_lora_mapping was given but LoRA is not enabled for this layer")
+            raise MoEPolicyError(
+                "a token_lora_mapping was given but LoRA is not enabled for this layer"
+            )
         if not self.batched:
-            lora = MoELoRAContext(self.lora, token_lora_mapping) if token_lora_mapping is not None and self.lora else None
+            lora = (
+                MoELoRAContext(self.lora, token_lora_mapping)
+                if token_lora_mapping is not None and self.lora
+                else None
+            )
             return self.experts.apply(x, topk_weights, topk_ids, lora)
         return self._forward_batched(x, topk_weights, topk_ids, token_lora_mapping)
 
@@ -152,7 +166,11 @@ class MoELayer(torch.nn.Module):
 
         on_input = self.config.apply_router_weight_on_input
         dispatch = dispatch_to_batched(
-            x, topk_ids, self.config.num_experts, max(1, x.shape[0]), token_lora_mapping,
+            x,
+            topk_ids,
+            self.config.num_experts,
+            max(1, x.shape[0]),
+            token_lora_mapping,
             input_weights=topk_weights if on_input else None,
         )
         lora = None

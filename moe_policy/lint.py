@@ -64,8 +64,11 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "severity": self.severity, "code": self.code, "message": self.message,
-            "location": self.location, "origin": self.origin,
+            "severity": self.severity,
+            "code": self.code,
+            "message": self.message,
+            "location": self.location,
+            "origin": self.origin,
         }
 
 
@@ -97,12 +100,17 @@ def _shadowed(rules: Sequence[Rule]) -> tuple[list[Finding], set[tuple[int, int]
                 does = f"requires only {', '.join(earlier.backends)}"
             else:
                 continue
-            when = "unconditionally" if not earlier.conditions else "holds whenever this one does and"
-            findings.append(Finding(
-                "error", "shadowed-rule",
-                f"rule {later.id!r} can never take effect: {_where(earlier)} {when} {does}",
-                later.origin,
-            ))
+            when = (
+                "unconditionally" if not earlier.conditions else "holds whenever this one does and"
+            )
+            findings.append(
+                Finding(
+                    "error",
+                    "shadowed-rule",
+                    f"rule {later.id!r} can never take effect: {_where(earlier)} {when} {does}",
+                    later.origin,
+                )
+            )
             covered.add((i, j))
             break
     return findings, covered
@@ -119,13 +127,18 @@ def _conflict(a: Rule, b: Rule) -> tuple[str, str] | None:
     if pair == {"require", "forbid"}:
         required, forbidden = (sa, sb) if ea == "require" else (sb, sa)
         if required <= forbidden:
-            return "error", (f"one requires only {', '.join(sorted(required))} and the other forbids "
-                             "them: no backend is left where both match")
+            return "error", (
+                f"one requires only {', '.join(sorted(required))} and the other forbids "
+                "them: no backend is left where both match"
+            )
     if pair == {"require"} and not sa & sb:
         return "error", "they require disjoint backend sets: no backend is left where both match"
     if pair == {"prefer", "demote"} and sa & sb:
         names = ", ".join(sorted(sa & sb))
-        return "warning", f"one prefers and the other demotes {names} where both match (the later wins)"
+        return (
+            "warning",
+            f"one prefers and the other demotes {names} where both match (the later wins)",
+        )
     return None
 
 
@@ -141,10 +154,14 @@ def _conflicts(rules: Sequence[Rule], skip: set[tuple[int, int]]) -> list[Findin
             if verdict is None or not satisfiable((*earlier.conditions, *later.conditions)):
                 continue
             severity, message = verdict
-            findings.append(Finding(
-                severity, "conflicting-rules",
-                f"rule {later.id!r} conflicts with {_where(earlier)}: {message}", later.origin,
-            ))
+            findings.append(
+                Finding(
+                    severity,
+                    "conflicting-rules",
+                    f"rule {later.id!r} conflicts with {_where(earlier)}: {message}",
+                    later.origin,
+                )
+            )
     return findings
 
 
@@ -153,7 +170,9 @@ def _conflicts(rules: Sequence[Rule], skip: set[tuple[int, int]]) -> list[Findin
 
 def _capability_values(rule: Rule, spec: BackendSpec) -> list[str]:
     """Capabilities worth trying: the rule's operands and the backend's bounds, with neighbours."""
-    seeds = [c.operand for c in rule.conditions if c.key == "device.capability" and c.op != "exists"]
+    seeds = [
+        c.operand for c in rule.conditions if c.key == "device.capability" and c.op != "exists"
+    ]
     flat: list[Any] = []
     for seed in seeds:
         flat.extend(seed if isinstance(seed, tuple) else (seed,))
@@ -164,7 +183,9 @@ def _capability_values(rule: Rule, spec: BackendSpec) -> list[str]:
     points = {(0, 0), (99, 9)}
     for value in flat:
         major, minor = parse_capability(value)
-        points.update({(major, minor), (major, minor + 1), (major + 1, 0), (major, max(minor - 1, 0))})
+        points.update(
+            {(major, minor), (major, minor + 1), (major + 1, 0), (major, max(minor - 1, 0))}
+        )
     return [f"{a}.{b}" for a, b in sorted(points)]
 
 
@@ -185,7 +206,9 @@ def _why_not(rule: Rule, spec: BackendSpec, platform: str) -> str | None:
     return None
 
 
-def _require_findings(rules: Sequence[Rule], catalog: Catalog, priority: dict[str, tuple[str, ...]]) -> list[Finding]:
+def _require_findings(
+    rules: Sequence[Rule], catalog: Catalog, priority: dict[str, tuple[str, ...]]
+) -> list[Finding]:
     findings = []
     for rule in rules:
         if rule.effect != "require" or rule.action != "enforce" or not rule.backends:
@@ -195,22 +218,32 @@ def _require_findings(rules: Sequence[Rule], catalog: Catalog, priority: dict[st
             reasons = {name: _why_not(rule, catalog.spec(name), platform) for name in rule.backends}
             alive = [name for name, why in reasons.items() if why is None]
             if not alive:
-                problems.append(f"on {platform} none can run (" + "; ".join(
-                    f"{name}: {why}" for name, why in reasons.items()) + ")")
+                problems.append(
+                    f"on {platform} none can run ("
+                    + "; ".join(f"{name}: {why}" for name, why in reasons.items())
+                    + ")"
+                )
             elif not set(alive) & set(priority.get(platform, ())):
-                problems.append(f"on {platform} only {', '.join(alive)} can run and none is in "
-                                f"priority.{platform}, so auto selection finds nothing")
+                problems.append(
+                    f"on {platform} only {', '.join(alive)} can run and none is in "
+                    f"priority.{platform}, so auto selection finds nothing"
+                )
         if problems:
-            findings.append(Finding(
-                "error", "require-no-backend",
-                f"rule {rule.id!r} requires {', '.join(rule.backends)}, leaving no backend: "
-                + "; ".join(problems),
-                rule.origin,
-            ))
+            findings.append(
+                Finding(
+                    "error",
+                    "require-no-backend",
+                    f"rule {rule.id!r} requires {', '.join(rule.backends)}, leaving no backend: "
+                    + "; ".join(problems),
+                    rule.origin,
+                )
+            )
     return findings
 
 
-def _priority_findings(loaded: LoadedYaml, entries: Iterable[Entry], catalog: Catalog) -> list[Finding]:
+def _priority_findings(
+    loaded: LoadedYaml, entries: Iterable[Entry], catalog: Catalog
+) -> list[Finding]:
     findings = []
     for entry in entries:
         if not entry.key.startswith("priority."):
@@ -219,12 +252,15 @@ def _priority_findings(loaded: LoadedYaml, entries: Iterable[Entry], catalog: Ca
         for index, name in enumerate(entry.value):
             spec = catalog.spec(name)
             if platform not in spec.platforms:
-                findings.append(Finding(
-                    "warning", "priority-unreachable",
-                    f"priority.{platform} lists {name}, which never runs on {platform} "
-                    f"(runs on {', '.join(spec.platforms) or 'nothing'})",
-                    str(loaded.origin(("priority", platform, index))),
-                ))
+                findings.append(
+                    Finding(
+                        "warning",
+                        "priority-unreachable",
+                        f"priority.{platform} lists {name}, which never runs on {platform} "
+                        f"(runs on {', '.join(spec.platforms) or 'nothing'})",
+                        str(loaded.origin(("priority", platform, index))),
+                    )
+                )
     return findings
 
 
@@ -253,7 +289,11 @@ def well_formed(loaded: LoadedYaml, rules: Sequence[Rule]) -> list[Rule]:
         if not isinstance(raw, Mapping):
             continue
         backends = raw.get("backends")
-        if not rule.backends or not isinstance(backends, list) or len(backends) != len(rule.backends):
+        if (
+            not rule.backends
+            or not isinstance(backends, list)
+            or len(backends) != len(rule.backends)
+        ):
             continue
         if len(rule.conditions) != _expected_conditions(raw.get("when")):
             continue
@@ -266,7 +306,11 @@ def builtin_priority(catalog: Catalog) -> dict[str, tuple[str, ...]]:
     from moe_policy.settings.builtin import BuiltinSource
 
     out = BuiltinSource().load(catalog)
-    return {e.key.split(".", 1)[1]: tuple(e.value) for e in out.settings if e.key.startswith("priority.")}
+    return {
+        e.key.split(".", 1)[1]: tuple(e.value)
+        for e in out.settings
+        if e.key.startswith("priority.")
+    }
 
 
 def lint_document(loaded: LoadedYaml, catalog: Catalog | None = None) -> list[Finding]:
@@ -280,7 +324,9 @@ def lint_document(loaded: LoadedYaml, catalog: Catalog | None = None) -> list[Fi
     findings.extend(shadowed)
     findings.extend(_conflicts(rules, covered))
     priority = builtin_priority(catalog)
-    priority.update({e.key.split(".", 1)[1]: tuple(e.value) for e in entries if e.key.startswith("priority.")})
+    priority.update(
+        {e.key.split(".", 1)[1]: tuple(e.value) for e in entries if e.key.startswith("priority.")}
+    )
     findings.extend(_require_findings(rules, catalog, priority))
     findings.extend(_priority_findings(loaded, entries, catalog))
     return sorted(findings, key=Finding.sort_key)

@@ -16,30 +16,82 @@ from moe_policy.origin import Origin
 from moe_policy.yamlio import LoadedYaml, load_yaml_file
 
 # Key variants, most specific first. A dotted name looks inside a nested mapping.
-EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "ffn_config.moe_num_experts")
-TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_top_k", "top_k", "ffn_config.moe_top_k")
+EXPERT_KEYS = (
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "ffn_config.moe_num_experts",
+)
+TOP_K_KEYS = (
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "experts_per_token",
+    "moe_top_k",
+    "top_k",
+    "ffn_config.moe_top_k",
+)
 HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
-INTERMEDIATE_KEYS = ("moe_intermediate_size", "expert_intermediate_size", "ffn_config.ffn_hidden_size", "intermediate_size")
-ACTIVATION_KEYS = ("mlp_hidden_act", "moe_hidden_act", "hidden_act", "hidden_activation", "activation_function", "ffn_config.ffn_act_fn.name", "activation")
+INTERMEDIATE_KEYS = (
+    "moe_intermediate_size",
+    "expert_intermediate_size",
+    "ffn_config.ffn_hidden_size",
+    "intermediate_size",
+)
+ACTIVATION_KEYS = (
+    "mlp_hidden_act",
+    "moe_hidden_act",
+    "hidden_act",
+    "hidden_activation",
+    "activation_function",
+    "ffn_config.ffn_act_fn.name",
+    "activation",
+)
 DTYPE_KEYS = ("torch_dtype", "dtype")
 SHARED_KEYS = ("n_shared_experts", "num_shared_experts")
 SHARED_SIZE_KEYS = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
 
 _ACTIVATION_NAMES = {
-    "silu": "silu", "swish": "silu", "swiglu": "silu",
-    "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh", "geglu": "gelu",
-    "relu2": "relu2", "relu_squared": "relu2", "squared_relu": "relu2", "relu^2": "relu2",
-    "swigluoai": "swigluoai", "swiglustep": "swiglustep",
+    "silu": "silu",
+    "swish": "silu",
+    "swiglu": "silu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "geglu": "gelu",
+    "relu2": "relu2",
+    "relu_squared": "relu2",
+    "squared_relu": "relu2",
+    "relu^2": "relu2",
+    "swigluoai": "swigluoai",
+    "swiglustep": "swiglustep",
 }
 _DTYPE_NAMES = {
-    "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
-    "float32": "fp32", "fp32": "fp32", "float": "fp32",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float": "fp32",
 }
 _QUANT_FAMILIES = {
-    "fp8": "fp8", "fbgemm_fp8": "fp8", "modelopt": "fp8", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4",
-    "nvfp4": "nvfp4", "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed_tensors",
-    "compressed_tensors": "compressed_tensors", "bitsandbytes": "int8", "int8": "int8", "int4": "int4",
+    "fp8": "fp8",
+    "fbgemm_fp8": "fp8",
+    "modelopt": "fp8",
+    "mxfp4": "mxfp4",
+    "modelopt_fp4": "nvfp4",
+    "nvfp4": "nvfp4",
+    "awq": "awq",
+    "gptq": "gptq",
+    "compressed-tensors": "compressed_tensors",
+    "compressed_tensors": "compressed_tensors",
+    "bitsandbytes": "int8",
+    "int8": "int8",
+    "int4": "int4",
 }
 #: Model types whose experts are non-gated whatever `hidden_act` says.
 _NON_GATED_TYPES = {"nemotron_h"}
@@ -107,7 +159,9 @@ class _Reader:
         return hits
 
 
-def _int_field(reader: _Reader, keys: tuple[str, ...], what: str, path: str, *, required: bool = True) -> tuple[int, Origin] | None:
+def _int_field(
+    reader: _Reader, keys: tuple[str, ...], what: str, path: str, *, required: bool = True
+) -> tuple[int, Origin] | None:
     hits = reader.all_present(keys)
     if not hits:
         if not required:
@@ -120,7 +174,9 @@ def _int_field(reader: _Reader, keys: tuple[str, ...], what: str, path: str, *, 
     values = {}
     for name, value, origin in hits:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise PolicyError(f"{name}: {what} must be a positive integer, got {value!r}", origin, key=name)
+            raise PolicyError(
+                f"{name}: {what} must be a positive integer, got {value!r}", origin, key=name
+            )
         values[name] = (value, origin)
     distinct = {v for v, _ in values.values()}
     if len(distinct) > 1:
@@ -162,10 +218,13 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     if inter_hit is None:
         raise PolicyError(
             f"no expert intermediate size: expected one of {', '.join(INTERMEDIATE_KEYS)}",
-            _doc_origin(loaded), key=INTERMEDIATE_KEYS[0],
+            _doc_origin(loaded),
+            key=INTERMEDIATE_KEYS[0],
         )
     if isinstance(inter_hit[1], bool) or not isinstance(inter_hit[1], int) or inter_hit[1] <= 0:
-        raise PolicyError(f"{inter_hit[0]}: must be a positive integer, got {inter_hit[1]!r}", inter_hit[2])
+        raise PolicyError(
+            f"{inter_hit[0]}: must be a positive integer, got {inter_hit[1]!r}", inter_hit[2]
+        )
     facts["model.intermediate_size"] = (inter_hit[1], inter_hit[2])
 
     # Activation and gating.
@@ -184,7 +243,8 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
                 raise PolicyError(
                     f"{act_hit[0]}: unknown activation {act_hit[1]!r} "
                     f"(known: {', '.join(sorted(_ACTIVATION_NAMES))})",
-                    act_hit[2], key=act_hit[0],
+                    act_hit[2],
+                    key=act_hit[0],
                 )
             facts["model.activation"] = (_ACTIVATION_NAMES[raw], act_hit[2])
     activation = facts["model.activation"][0]
@@ -196,9 +256,13 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     else:
         facts["model.gated"] = (True, facts["model.activation"][1])
     if activation == "relu2" and facts["model.gated"][0]:
-        raise PolicyError("relu2 experts are non-gated; `gated: true` contradicts it", facts["model.gated"][1])
+        raise PolicyError(
+            "relu2 experts are non-gated; `gated: true` contradicts it", facts["model.gated"][1]
+        )
     if activation == "swigluoai" and not facts["model.gated"][0]:
-        raise PolicyError("swigluoai is gated; `gated: false` contradicts it", facts["model.gated"][1])
+        raise PolicyError(
+            "swigluoai is gated; `gated: false` contradicts it", facts["model.gated"][1]
+        )
 
     # Shared experts.
     shared = reader.first(SHARED_KEYS)
@@ -224,7 +288,10 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     else:
         method = quant[1].get("quant_method") if isinstance(quant[1], Mapping) else None
         family = _QUANT_FAMILIES.get(str(method).lower(), "other")
-        facts["model.quantization"] = (family, reader.loaded.origin(("quantization_config", "quant_method")))
+        facts["model.quantization"] = (
+            family,
+            reader.loaded.origin(("quantization_config", "quant_method")),
+        )
 
     facts["model.routing"] = _routing(reader, model_type, facts)
     facts["model.router_weight_on_input"] = (
@@ -235,7 +302,9 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     return ModelFacts(path, facts)
 
 
-def _routing(reader: _Reader, model_type: str, facts: dict[str, tuple[Any, Origin]]) -> tuple[str, Origin]:
+def _routing(
+    reader: _Reader, model_type: str, facts: dict[str, tuple[Any, Origin]]
+) -> tuple[str, Origin]:
     scoring = reader.first(("scoring_func",))
     topk_method = reader.first(("topk_method",))
     groups = reader.first(("n_group",))
@@ -243,7 +312,9 @@ def _routing(reader: _Reader, model_type: str, facts: dict[str, tuple[Any, Origi
         return "llama4", reader.first(("model_type",))[2]  # type: ignore[index]
     if topk_method is not None and str(topk_method[1]) == "noaux_tc":
         return "deepseek_v3", topk_method[2]
-    if model_type == "nemotron_h" or (groups is not None and scoring is not None and scoring[1] == "sigmoid"):
+    if model_type == "nemotron_h" or (
+        groups is not None and scoring is not None and scoring[1] == "sigmoid"
+    ):
         origin = (groups or scoring or reader.first(("model_type",)))[2]  # type: ignore[index]
         return "deepseek_v3", origin
     if scoring is not None and scoring[1] == "sigmoid":

@@ -48,7 +48,12 @@ def _capability_probes(conds: Sequence[Condition]) -> list[str]:
 def _int_probes(conds: Sequence[Condition]) -> list[int]:
     points = {0, 1, 2, 10**9}
     moduli = [int(c.operand) for c in conds if c.op in ("multiple_of", "not_multiple_of")]
-    bounds = [int(v) for c in conds if c.op not in ("multiple_of", "not_multiple_of") for v in _operands([c])]
+    bounds = [
+        int(v)
+        for c in conds
+        if c.op not in ("multiple_of", "not_multiple_of")
+        for v in _operands([c])
+    ]
     for value in bounds:
         points.update({value - 1, value, value + 1})
     for m in moduli:

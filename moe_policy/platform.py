@@ -62,10 +62,17 @@ def _probe_nvidia_smi() -> tuple[str, str | None, str | None] | None:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
-    out = subprocess.run(
-        [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-        capture_output=True, text=True, timeout=10, check=True,
-    ).stdout.strip().splitlines()
+    out = (
+        subprocess.run(
+            [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()
+    )
     if not out:
         return None
     name, cap = (part.strip() for part in out[0].split(",", 1))

@@ -61,7 +61,9 @@ class Resolver:
         self.catalog = catalog
         self.settings = settings
         extra = dict(extra_checks or {})
-        self.passes: tuple[Pass, ...] = tuple(build(catalog, settings, extra) for _, build in PIPELINE)
+        self.passes: tuple[Pass, ...] = tuple(
+            build(catalog, settings, extra) for _, build in PIPELINE
+        )
         self.policy_digest = settings.policy_digest()
         #: Rank-local keys enter the fingerprint only when a rule decides on them.
         ruled = {key for rule in settings.rules for key in rule.keys}
@@ -70,7 +72,8 @@ class Resolver:
         )
         self.run_settings = {
             key: (settings.values[key].value, settings.values[key].origin)
-            for key in RUN_SETTINGS if key in settings.values
+            for key in RUN_SETTINGS
+            if key in settings.values
         }
         self._cache: dict[str, Decision] = {}
         self.resolutions = 0
@@ -92,27 +95,31 @@ class Resolver:
         fingerprint = self.fingerprint(ctx)
         cached = self._cache.get(fingerprint)
         if cached is not None:
-            return cached.for_layer(ctx.get("layer.index"), ctx.origins.get("layer.index", "default"))
+            return cached.for_layer(
+                ctx.get("layer.index"), ctx.origins.get("layer.index", "default")
+            )
         decision = self._run(ctx, fingerprint)
         self._cache[fingerprint] = decision
         return decision
 
     def _run(self, ctx: SelectionContext, fingerprint: str) -> Decision:
         self.resolutions += 1
-        candidates = seed_candidates(self.catalog, ctx, self.settings.priority(str(ctx.get("platform"))))
+        candidates = seed_candidates(
+            self.catalog, ctx, self.settings.priority(str(ctx.get("platform")))
+        )
         trace: list[TraceEntry] = []
         for run_pass in self.passes:
             candidates, entries = run_pass(ctx, candidates)
             trace.extend(entries)
         selected = next((c for c in candidates if c.status is Status.SELECTED), None)
         backend = selected.backend if selected else None
-        overrides = tuple(
-            replace(t, selected=backend) for t in trace if isinstance(t, Override)
-        )
+        overrides = tuple(replace(t, selected=backend) for t in trace if isinstance(t, Override))
         adaptations = [t for t in trace if isinstance(t, Adaptation)]
         request: Request | None = ctx.request
         if request is not None and adaptations:
-            request = replace(request, adapted_from=request.backend, backend=adaptations[0].adapted_to)
+            request = replace(
+                request, adapted_from=request.backend, backend=adaptations[0].adapted_to
+            )
         if request is None:
             outcome = Outcome.AUTO
         elif overrides or backend != request.backend:
@@ -129,7 +136,8 @@ class Resolver:
             fingerprint=fingerprint,
             backend=backend,
             experts_class=experts_class,
-            implemented_here=backend is not None and self.catalog.implementation(backend) is not None,
+            implemented_here=backend is not None
+            and self.catalog.implementation(backend) is not None,
             activation_format=ctx.format,
             outcome=outcome,
             requested=request,
@@ -146,4 +154,3 @@ class Resolver:
             notices=self.settings.notices,
             run_settings=self.run_settings,
         )
-

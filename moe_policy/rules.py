@@ -28,7 +28,19 @@ from moe_policy.origin import Origin
 EFFECTS = ("forbid", "require", "prefer", "demote")
 HARD_EFFECTS = frozenset({"forbid", "require"})
 ACTIONS = ("enforce", "audit")
-OPERATORS = ("eq", "ne", "in", "not_in", "gt", "ge", "lt", "le", "multiple_of", "not_multiple_of", "exists")
+OPERATORS = (
+    "eq",
+    "ne",
+    "in",
+    "not_in",
+    "gt",
+    "ge",
+    "lt",
+    "le",
+    "multiple_of",
+    "not_multiple_of",
+    "exists",
+)
 RULE_KEYS = ("id", "when", "effect", "backends", "reason", "action", "link")
 
 
@@ -64,9 +76,14 @@ class Condition:
             return divisible if self.op == "multiple_of" else not divisible
         left = _ordered(self.key, value)
         right = _ordered(self.key, self.operand)
-        return bool({
-            "gt": left > right, "ge": left >= right, "lt": left < right, "le": left <= right,
-        }[self.op])
+        return bool(
+            {
+                "gt": left > right,
+                "ge": left >= right,
+                "lt": left < right,
+                "le": left <= right,
+            }[self.op]
+        )
 
 
 def _ordered(key: str, value: Any) -> Any:
@@ -96,7 +113,9 @@ class Rule:
     def evaluate(self, values: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
         """``(matched, missing context keys)`` for a context's values."""
         missing = tuple(
-            sorted({c.key for c in self.conditions if c.op != "exists" and values.get(c.key) is None})
+            sorted(
+                {c.key for c in self.conditions if c.op != "exists" and values.get(c.key) is None}
+            )
         )
         matched = not missing and all(c.test(values.get(c.key)) for c in self.conditions)
         return matched, missing
@@ -140,14 +159,20 @@ def parse_conditions(
     if when is None:
         return ()
     if not isinstance(when, Mapping):
-        sink.add("error", "invalid-type", f"when: expected a mapping of context keys, got {when!r}", origin_at(path))
+        sink.add(
+            "error",
+            "invalid-type",
+            f"when: expected a mapping of context keys, got {when!r}",
+            origin_at(path),
+        )
         return ()
     conditions: list[Condition] = []
     for key, spec in when.items():
         where = origin_at((*path, key))
         if key not in CONTEXT_KEYS:
             sink.add(
-                "error", "unknown-context-key",
+                "error",
+                "unknown-context-key",
                 f"condition on unknown context key {key!r}{did_you_mean(key, CONTEXT_KEYS)}",
                 origin_at((*path, key), at_key=True),
             )
@@ -156,7 +181,8 @@ def parse_conditions(
             for op, operand in spec.items():
                 if op not in OPERATORS:
                     sink.add(
-                        "error", "unknown-operator",
+                        "error",
+                        "unknown-operator",
                         f"{key}: unknown operator {op!r}{did_you_mean(op, OPERATORS)} "
                         f"(expected one of {', '.join(OPERATORS)})",
                         origin_at((*path, key, op), at_key=True),
@@ -176,7 +202,9 @@ def parse_conditions(
     return tuple(conditions)
 
 
-def _make_condition(key: str, op: str, operand: Any, origin: Origin, sink: ProblemSink) -> Condition | None:
+def _make_condition(
+    key: str, op: str, operand: Any, origin: Origin, sink: ProblemSink
+) -> Condition | None:
     try:
         if op == "exists":
             return Condition(key, op, bool(operand))
@@ -218,7 +246,8 @@ def parse_rule(
     for key in raw:
         if key not in RULE_KEYS:
             sink.add(
-                "error", "unknown-key",
+                "error",
+                "unknown-key",
                 f"unknown rule key {key!r}{did_you_mean(str(key), RULE_KEYS)} "
                 f"(expected {', '.join(RULE_KEYS)})",
                 origin_at((*path, key), at_key=True),
@@ -232,7 +261,8 @@ def parse_rule(
     for field_name, value, choices in (("effect", effect, EFFECTS), ("action", action, ACTIONS)):
         if value not in choices:
             sink.add(
-                "error", "invalid-value",
+                "error",
+                "invalid-value",
                 f"rule {rule_id}: {field_name} must be one of {', '.join(choices)}, got {value!r}"
                 f"{did_you_mean(str(value), choices)}",
                 origin_at((*path, field_name)),
@@ -241,14 +271,17 @@ def parse_rule(
     backends: list[str] = []
     if not isinstance(backends_raw, list) or not backends_raw:
         sink.add(
-            "error", "missing-field", f"rule {rule_id}: `backends` must be a non-empty list",
+            "error",
+            "missing-field",
+            f"rule {rule_id}: `backends` must be a non-empty list",
             origin_at((*path, "backends")),
         )
     else:
         for index, name in enumerate(backends_raw):
             if name not in names:
                 sink.add(
-                    "error", "unknown-backend",
+                    "error",
+                    "unknown-backend",
                     f"rule {rule_id}: unknown backend {name!r}{did_you_mean(str(name), names)}",
                     origin_at((*path, "backends", index)),
                 )
@@ -256,7 +289,9 @@ def parse_rule(
                 backends.append(name)
     reason = raw.get("reason")
     if not isinstance(reason, str) or not reason.strip():
-        sink.add("error", "missing-field", f"rule {rule_id}: `reason` must be a non-empty string", here)
+        sink.add(
+            "error", "missing-field", f"rule {rule_id}: `reason` must be a non-empty string", here
+        )
         reason = ""
     link = raw.get("link")
     conditions = parse_conditions(raw.get("when"), origin_at, (*path, "when"), sink)

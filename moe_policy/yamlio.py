@@ -114,7 +114,9 @@ def parse_yaml_text(text: str, display_path: str, *, use_omegaconf: bool = True)
         problem = exc.problem or exc.context or "cannot parse"
         raise PolicyError(f"malformed YAML: {problem}", origin, code="malformed-yaml") from None
     except yaml.YAMLError as exc:
-        raise PolicyError(f"malformed YAML: {exc}", Origin.file(display_path), code="malformed-yaml") from None
+        raise PolicyError(
+            f"malformed YAML: {exc}", Origin.file(display_path), code="malformed-yaml"
+        ) from None
     marks: dict[KeyPath, tuple[int, int]] = {}
     key_marks: dict[KeyPath, tuple[int, int]] = {}
     if root is None:
@@ -139,10 +141,14 @@ def _load_with_omegaconf(text: str, display_path: str) -> Any:
         key = getattr(exc, "full_key", None)
         where = f" at {key}" if key else ""
         message = str(exc).splitlines()[0]
-        raise PolicyError(f"cannot load policy{where}: {message}", Origin.file(display_path)) from None
+        raise PolicyError(
+            f"cannot load policy{where}: {message}", Origin.file(display_path)
+        ) from None
 
 
-def load_yaml_file(path: str | Path, *, display_path: str | None = None, use_omegaconf: bool = True) -> LoadedYaml:
+def load_yaml_file(
+    path: str | Path, *, display_path: str | None = None, use_omegaconf: bool = True
+) -> LoadedYaml:
     """Read and parse a file; a missing or unreadable file is a PolicyError naming it."""
     shown = display_path or str(path)
     try:
@@ -150,5 +156,7 @@ def load_yaml_file(path: str | Path, *, display_path: str | None = None, use_ome
     except FileNotFoundError:
         raise PolicyError("file not found", Origin.file(shown), code="file-not-found") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"cannot read file: {exc}", Origin.file(shown), code="unreadable") from None
+        raise PolicyError(
+            f"cannot read file: {exc}", Origin.file(shown), code="unreadable"
+        ) from None
     return parse_yaml_text(text, shown, use_omegaconf=use_omegaconf)

@@ -44,9 +44,15 @@ QWEN3 = str(MODELS / "qwen3-30b-a3b.json")
 DEEPSEEK = str(MODELS / "deepseek-v3.json")
 #: A gpt-oss-20b-shaped config (interleaved swigluoai with clamp and biases).
 GPT_OSS: Mapping[str, Any] = {
-    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
-    "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
-    "hidden_act": "silu", "swiglu_limit": 7.0, "torch_dtype": "bfloat16",
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "hidden_act": "silu",
+    "swiglu_limit": 7.0,
+    "torch_dtype": "bfloat16",
 }
 
 

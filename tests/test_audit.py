@@ -26,8 +26,11 @@ AUDIT_KEYS = {"timestamp", "host", "pid", "rank", "world_size", "count"}
 def _dry_run(path: str, *extra: Entry) -> list[Entry]:
     api = Origin.api()
     return [
-        Entry("audit.path", path, api), Entry("platform", "cuda", api),
-        Entry("device.capability", "9.0", api), Entry("lora.enabled", True, api), *extra,
+        Entry("audit.path", path, api),
+        Entry("platform", "cuda", api),
+        Entry("device.capability", "9.0", api),
+        Entry("lora.enabled", True, api),
+        *extra,
     ]
 
 
@@ -54,7 +57,9 @@ def test_eight_processes_share_one_audit_file_without_torn_or_lost_lines(tmp_pat
     assert per_pid == dict.fromkeys(pids, DECISIONS)
     # Repeats are counted, never dropped: each process numbers its decisions 1..500.
     for pid in pids:
-        assert sorted(r["count"] for r in records if r["pid"] == pid) == list(range(1, DECISIONS + 1))
+        assert sorted(r["count"] for r in records if r["pid"] == pid) == list(
+            range(1, DECISIONS + 1)
+        )
     assert len({r["fingerprint"] for r in records}) == 1
     assert all(set(r) >= AUDIT_KEYS and r["backend"] == "triton" for r in records)
 
@@ -69,7 +74,9 @@ def _broken_targets(tmp_path: Path) -> list[tuple[str, str]]:
 def test_read_only_directory_gives_a_warning_event_and_a_decision(tmp_path):
     """A directory the process may not write to: the decision comes back, with moe_policy.audit_failed."""
     if os.geteuid() == 0:
-        pytest.skip("root writes into read-only directories; see the missing-directory and full-disk cases")
+        pytest.skip(
+            "root writes into read-only directories; see the missing-directory and full-disk cases"
+        )
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     selector = Selector(NEMOTRON, environ={}, explicit=_dry_run(str(locked / "audit.jsonl")))
@@ -131,7 +138,9 @@ def test_required_audit_that_cannot_be_written_raises(tmp_path, case):
 def test_audit_required_from_a_policy_file(tmp_path):
     """`audit: {required: true}` in a policy file makes a failed write an error too."""
     policy = tmp_path / "audit.yaml"
-    policy.write_text(f"version: 1\naudit:\n  path: {tmp_path}/missing/audit.jsonl\n  required: true\n")
+    policy.write_text(
+        f"version: 1\naudit:\n  path: {tmp_path}/missing/audit.jsonl\n  required: true\n"
+    )
     api = Origin.api()
     explicit = [Entry("platform", "cuda", api), Entry("device.capability", "9.0", api)]
     selector = Selector(NEMOTRON, environ={}, policy_files=[str(policy)], explicit=explicit)
@@ -144,8 +153,11 @@ def test_audit_path_from_the_environment(tmp_path):
     """MOE_POLICY_AUDIT_LOG turns the sink on; every select appends one line."""
     path = tmp_path / "env-audit.jsonl"
     api = Origin.api()
-    selector = Selector(NEMOTRON, environ={"MOE_POLICY_AUDIT_LOG": str(path)},
-                        explicit=[Entry("platform", "cuda", api), Entry("device.capability", "9.0", api)])
+    selector = Selector(
+        NEMOTRON,
+        environ={"MOE_POLICY_AUDIT_LOG": str(path)},
+        explicit=[Entry("platform", "cuda", api), Entry("device.capability", "9.0", api)],
+    )
     for _ in range(3):
         selector.select()
     records = [json.loads(line) for line in path.read_text().splitlines()]

@@ -42,7 +42,10 @@ def test_each_planted_defect_is_found_at_its_line_and_nothing_else(fixture):
 
 def test_configs_lint_clean():
     """The built-in policy and every profile have no findings at all."""
-    paths = [str(REPO / "configs" / "default.yaml"), *map(str, sorted((REPO / "configs" / "profiles").glob("*.yaml")))]
+    paths = [
+        str(REPO / "configs" / "default.yaml"),
+        *map(str, sorted((REPO / "configs" / "profiles").glob("*.yaml"))),
+    ]
     assert lint_paths(paths) == []
 
 
@@ -107,14 +110,46 @@ def test_malformed_yaml_is_a_finding_not_a_crash(tmp_path):
         ([Condition("platform", "eq", "cuda"), Condition("platform", "eq", "rocm")], False),
         ([Condition("parallel.tp", "gt", 4), Condition("parallel.tp", "lt", 5)], False),
         ([Condition("parallel.tp", "ge", 4), Condition("parallel.tp", "le", 4)], True),
-        ([Condition("device.capability", "in", ("10.0", "10.3")), Condition("device.capability", "lt", "10.0")], False),
-        ([Condition("device.capability", "ge", "9.0"), Condition("device.capability", "lt", "10.0")], True),
+        (
+            [
+                Condition("device.capability", "in", ("10.0", "10.3")),
+                Condition("device.capability", "lt", "10.0"),
+            ],
+            False,
+        ),
+        (
+            [
+                Condition("device.capability", "ge", "9.0"),
+                Condition("device.capability", "lt", "10.0"),
+            ],
+            True,
+        ),
         ([Condition("lora.enabled", "eq", True), Condition("lora.enabled", "ne", True)], False),
-        ([Condition("packages", "eq", "flashinfer"), Condition("packages", "not_in", ("flashinfer",))], False),
-        ([Condition("packages", "in", ("aiter", "flashinfer")), Condition("packages", "ne", "aiter")], True),
-        ([Condition("model.intermediate_size_per_partition", "multiple_of", 256),
-          Condition("model.intermediate_size_per_partition", "not_multiple_of", 128)], False),
-        ([Condition("device.name", "exists", False), Condition("device.name", "eq", "H200")], False),
+        (
+            [
+                Condition("packages", "eq", "flashinfer"),
+                Condition("packages", "not_in", ("flashinfer",)),
+            ],
+            False,
+        ),
+        (
+            [
+                Condition("packages", "in", ("aiter", "flashinfer")),
+                Condition("packages", "ne", "aiter"),
+            ],
+            True,
+        ),
+        (
+            [
+                Condition("model.intermediate_size_per_partition", "multiple_of", 256),
+                Condition("model.intermediate_size_per_partition", "not_multiple_of", 128),
+            ],
+            False,
+        ),
+        (
+            [Condition("device.name", "exists", False), Condition("device.name", "eq", "H200")],
+            False,
+        ),
         ([Condition("platform", "eq", "cuda"), Condition("parallel.dp", "gt", 1)], True),
     ],
 )

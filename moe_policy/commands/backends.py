@@ -60,7 +60,16 @@ def row(spec: BackendSpec, catalog: Catalog) -> tuple[str, ...]:
     )
 
 
-HEADERS = ("backend", "platforms", "capability", "activations", "format", "LoRA", "b-inv", "packages")
+HEADERS = (
+    "backend",
+    "platforms",
+    "capability",
+    "activations",
+    "format",
+    "LoRA",
+    "b-inv",
+    "packages",
+)
 WIDTHS = (19, 9, 10, 17, 8, 8, 5, 10)
 
 
@@ -75,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
             {**spec.to_dict(), "implemented_here": catalog.implementation(spec.name) is not None}
             for spec in catalog
         ]
-        document = {"catalog": paths.BACKENDS_CATALOG_NAME, "sha256": catalog.sha256, "backends": backends}
+        document = {
+            "catalog": paths.BACKENDS_CATALOG_NAME,
+            "sha256": catalog.sha256,
+            "backends": backends,
+        }
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return 0
     from moe_policy.commands.table import heading, table

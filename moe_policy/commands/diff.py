@@ -25,8 +25,15 @@ EXIT_IDENTICAL = 0
 EXIT_DIFFERENT = 1
 EXIT_BAD_INPUT = 2
 #: Top-level record fields compared as plain values, in print order.
-FIELDS = ("backend", "experts_class", "activation_format", "outcome", "fingerprint", "mode",
-          "library_version")
+FIELDS = (
+    "backend",
+    "experts_class",
+    "activation_format",
+    "outcome",
+    "fingerprint",
+    "mode",
+    "library_version",
+)
 REQUIRED = ("schema_version", "fingerprint", "backend", "context", "layer")
 
 Signature = tuple[str, "int | None"]
@@ -46,8 +53,13 @@ class Variant:
     hosts: set[str] = field(default_factory=set)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fingerprint": self.record.get("fingerprint"), "backend": self.record.get("backend"),
-                "records": self.lines, "ranks": sorted(self.ranks), "hosts": sorted(self.hosts)}
+        return {
+            "fingerprint": self.record.get("fingerprint"),
+            "backend": self.record.get("backend"),
+            "records": self.lines,
+            "ranks": sorted(self.ranks),
+            "hosts": sorted(self.hosts),
+        }
 
 
 @dataclass
@@ -77,8 +89,12 @@ class Loaded:
         return max(self.layers[sig].values(), key=lambda v: v.lines)
 
     def summary(self) -> dict[str, Any]:
-        return {"path": self.path, "records": self.records, "skipped": self.skipped,
-                "layers": len(self.layers)}
+        return {
+            "path": self.path,
+            "records": self.records,
+            "skipped": self.skipped,
+            "layers": len(self.layers),
+        }
 
 
 # --- Loading --------------------------------------------------------------------------------
@@ -146,7 +162,8 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         key: {"a": ctx_a.get(key), "b": ctx_b.get(key)}
         for key in sorted(set(ctx_a) | set(ctx_b))
         if key not in RANK_LOCAL_KEYS
-        and canonical_json((ctx_a.get(key) or {}).get("value")) != canonical_json((ctx_b.get(key) or {}).get("value"))
+        and canonical_json((ctx_a.get(key) or {}).get("value"))
+        != canonical_json((ctx_b.get(key) or {}).get("value"))
     }
     if context:
         out["context"] = context
@@ -183,7 +200,11 @@ def _rules(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _rule_key(rule: Mapping[str, Any] | None) -> Any:
-    return None if rule is None else [rule.get(k) for k in ("effect", "action", "backends", "matched", "applied")]
+    return (
+        None
+        if rule is None
+        else [rule.get(k) for k in ("effect", "action", "backends", "matched", "applied")]
+    )
 
 
 def compare(a: Loaded, b: Loaded, *, shared_only: bool = False) -> dict[str, Any]:
@@ -211,9 +232,11 @@ def compare(a: Loaded, b: Loaded, *, shared_only: bool = False) -> dict[str, Any
     only_b = [] if shared_only else sorted(set(b.layers) - paired_b, key=_order)
     return {
         "identical": not groups and not only_a and not only_b,
-        "a": a.summary(), "b": b.summary(),
+        "a": a.summary(),
+        "b": b.summary(),
         "differences": list(groups.values()),
-        "only_in_a": [list(s) for s in only_a], "only_in_b": [list(s) for s in only_b],
+        "only_in_a": [list(s) for s in only_a],
+        "only_in_b": [list(s) for s in only_b],
         "identical_layers": [list(s) for s in same],
     }
 
@@ -258,9 +281,13 @@ def render(result: Mapping[str, Any]) -> str:
     for side in ("a", "b"):
         only = result[f"only_in_{side}"]
         if only:
-            lines.append(f"only in {side.upper()}: {format_layers([(str(s[0]), s[1]) for s in only])}")
+            lines.append(
+                f"only in {side.upper()}: {format_layers([(str(s[0]), s[1]) for s in only])}"
+            )
     if result["identical_layers"]:
-        lines.append(f"identical: {format_layers([(str(s[0]), s[1]) for s in result['identical_layers']])}")
+        lines.append(
+            f"identical: {format_layers([(str(s[0]), s[1]) for s in result['identical_layers']])}"
+        )
     lines.append("identical" if result["identical"] else "different")
     return "\n".join(lines)
 
@@ -269,7 +296,9 @@ def _difference_lines(diff: Mapping[str, Any]) -> list[str]:
     lines = []
     if "layer" in diff:
         la, lb = diff["layer"]["a"], diff["layer"]["b"]
-        lines.append(f"  layer: A {la.get('kind')} {la.get('index')} | B {lb.get('kind')} {lb.get('index')}")
+        lines.append(
+            f"  layer: A {la.get('kind')} {la.get('index')} | B {lb.get('kind')} {lb.get('index')}"
+        )
     for name in FIELDS:
         if name in diff:
             va, vb = diff[name]["a"], diff[name]["b"]
@@ -280,11 +309,15 @@ def _difference_lines(diff: Mapping[str, Any]) -> list[str]:
         lines.append(f"  {key}: A {_value(pair['a'])} | B {_value(pair['b'])}")
     if "request" in diff:
         ra, rb = diff["request"]["a"], diff["request"]["b"]
-        lines.append(f"  request: A {_value(ra) if ra else 'none (auto)'} | B {_value(rb) if rb else 'none (auto)'}")
+        lines.append(
+            f"  request: A {_value(ra) if ra else 'none (auto)'} | B {_value(rb) if rb else 'none (auto)'}"
+        )
     if "policy_files" in diff:
         for side in ("a", "b"):
             files = diff["policy_files"][side]
-            shown = ", ".join(f"{f['path']} sha256:{str(f['sha256'])[:12]}" for f in files) or "none"
+            shown = (
+                ", ".join(f"{f['path']} sha256:{str(f['sha256'])[:12]}" for f in files) or "none"
+            )
             lines.append(f"  policy files {side.upper()}: {shown}")
     for rule_id, pair in diff.get("rules", {}).items():
         lines.append(f"  rule {rule_id}: A {_rule_text(pair['a'])} | B {_rule_text(pair['b'])}")
@@ -293,8 +326,10 @@ def _difference_lines(diff: Mapping[str, Any]) -> list[str]:
             for v in diff["variants"][side]:
                 ranks = f" ranks {compress(v['ranks'])}" if v["ranks"] else ""
                 hosts = f" on {', '.join(v['hosts'])}" if v["hosts"] else ""
-                lines.append(f"  {side.upper()} variant: {v['backend']} [{str(v['fingerprint'])[:12]}] "
-                             f"{v['records']} record(s){ranks}{hosts}")
+                lines.append(
+                    f"  {side.upper()} variant: {v['backend']} [{str(v['fingerprint'])[:12]}] "
+                    f"{v['records']} record(s){ranks}{hosts}"
+                )
     return lines
 
 
@@ -322,7 +357,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("b", metavar="B", help="audit log or decision record")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument(
-        "--shared-only", action="store_true",
+        "--shared-only",
+        action="store_true",
         help="compare only layers both sides hold (e.g. logs of different pipeline stages)",
     )
     return parser

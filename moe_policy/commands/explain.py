@@ -25,20 +25,44 @@ from moe_policy.settings import Entry
 FLAG_KEYS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--backend", "backend", {"metavar": "NAME", "help": "explicit backend request (or auto)"}),
     ("--mode", "mode", {"metavar": "warn|strict", "help": "strict: refuse an infeasible request"}),
-    ("--lora", "lora.enabled", {"action": "store_const", "const": True, "help": "LoRA adapters are served"}),
+    (
+        "--lora",
+        "lora.enabled",
+        {"action": "store_const", "const": True, "help": "LoRA adapters are served"},
+    ),
     ("--max-lora-rank", "lora.max_rank", {"metavar": "N", "help": "largest adapter rank"}),
     ("--max-loras", "lora.max_loras", {"metavar": "N", "help": "adapter slots per batch"}),
-    ("--platform", "platform", {"metavar": "|".join(PLATFORMS), "help": "dry run for this platform"}),
-    ("--capability", "device.capability", {"metavar": "X.Y", "help": "CUDA compute capability (dry run)"}),
+    (
+        "--platform",
+        "platform",
+        {"metavar": "|".join(PLATFORMS), "help": "dry run for this platform"},
+    ),
+    (
+        "--capability",
+        "device.capability",
+        {"metavar": "X.Y", "help": "CUDA compute capability (dry run)"},
+    ),
     ("--device-name", "device.name", {"metavar": "NAME", "help": "device name (dry run)"}),
     ("--dtype", "model.dtype", {"metavar": "bf16|fp16|fp32", "help": "override the model's dtype"}),
     ("--tp", "parallel.tp", {"metavar": "N", "help": "tensor-parallel size"}),
     ("--dp", "parallel.dp", {"metavar": "N", "help": "data-parallel size"}),
     ("--ep", "parallel.ep", {"action": "store_const", "const": True, "help": "expert parallelism"}),
-    ("--all2all", "parallel.all2all", {"metavar": "NAME", "help": "all2all kind, e.g. deepep_low_latency"}),
-    ("--eplb", "parallel.eplb", {"action": "store_const", "const": True, "help": "expert load balancing"}),
+    (
+        "--all2all",
+        "parallel.all2all",
+        {"metavar": "NAME", "help": "all2all kind, e.g. deepep_low_latency"},
+    ),
+    (
+        "--eplb",
+        "parallel.eplb",
+        {"action": "store_const", "const": True, "help": "expert load balancing"},
+    ),
     ("--layer-kind", "layer.kind", {"metavar": "KIND", "help": "moe, draft, mtp or shared"}),
-    ("--audit-log", "audit.path", {"metavar": "PATH", "help": "append the decision to this JSON-lines file"}),
+    (
+        "--audit-log",
+        "audit.path",
+        {"metavar": "PATH", "help": "append the decision to this JSON-lines file"},
+    ),
 )
 
 
@@ -56,18 +80,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", required=True, metavar="PATH", help="HF config.json or YAML")
     parser.add_argument(
-        "--policy", action="append", metavar="PATH",
+        "--policy",
+        action="append",
+        metavar="PATH",
         help="policy file (repeatable, later wins; replaces MOE_POLICY_FILES)",
     )
     for flag, _key, options in FLAG_KEYS:
         parser.add_argument(flag, dest=_dest(flag), default=None, **options)
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="any context or settings key, e.g. parallel.tp=2 or packages=[triton,torch]",
     )
     parser.add_argument("--json", action="store_true", help="print the decision record (JSON)")
     parser.add_argument(
-        "--log-format", choices=("console", "json"), default=None,
+        "--log-format",
+        choices=("console", "json"),
+        default=None,
         help="stderr events: console (default on a terminal) or JSON lines",
     )
     return parser
@@ -106,7 +137,9 @@ def set_entries(items: Sequence[str]) -> list[Entry]:
         try:
             data = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=True)
         except OmegaConfBaseException as exc:
-            raise PolicyError(f"cannot parse {item!r}: {str(exc).splitlines()[0]}", origin) from None
+            raise PolicyError(
+                f"cannot parse {item!r}: {str(exc).splitlines()[0]}", origin
+            ) from None
         entries.extend(Entry(k, v, origin) for k, v in _flatten("", data))
     return entries
 
@@ -140,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
 
     entries = [*flag_entries(args), *set_entries(args.set)]
     selector = Selector(
-        args.model, policy_files=args.policy, explicit=entries, files_origin=Origin.cli("--policy"),
+        args.model,
+        policy_files=args.policy,
+        explicit=entries,
+        files_origin=Origin.cli("--policy"),
     )
     explanation = selector.explain()
     try:

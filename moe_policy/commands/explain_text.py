@@ -17,9 +17,7 @@ def _origin_and_beaten(origin: str, resolved: Resolved | None) -> str:
     """The winning origin, then each value it beat (latest first)."""
     lines = [origin]
     if resolved is not None:
-        lines.extend(
-            f"  beat {value_text(v)} ({o})" for v, o, _layer in reversed(resolved.history)
-        )
+        lines.extend(f"  beat {value_text(v)} ({o})" for v, o, _layer in reversed(resolved.history))
     return "\n".join(lines)
 
 
@@ -29,10 +27,12 @@ def ladder(settings: Settings) -> str:
         (info.layer, info.path, "found" if info.found else "missing", (info.sha256 or "")[:12])
         for info in settings.files
     ]
-    return "\n".join([
-        heading("Settings ladder", "later wins: " + " < ".join(settings.layers)),
-        table(rows, ("layer", "policy file", "status", "sha256"), (12, 58, 8, 12)),
-    ])
+    return "\n".join(
+        [
+            heading("Settings ladder", "later wins: " + " < ".join(settings.layers)),
+            table(rows, ("layer", "policy file", "status", "sha256"), (12, 58, 8, 12)),
+        ]
+    )
 
 
 def settings_table(settings: Settings) -> str:
@@ -41,10 +41,12 @@ def settings_table(settings: Settings) -> str:
         (key, value_text(r.value), _origin_and_beaten(r.origin, r))
         for key, r in sorted(settings.values.items())
     ]
-    return "\n".join([
-        heading("Settings", "winning value and origin; beat = the values it overrode"),
-        table(rows, ("key", "value", "origin"), (16, 30, 50)),
-    ])
+    return "\n".join(
+        [
+            heading("Settings", "winning value and origin; beat = the values it overrode"),
+            table(rows, ("key", "value", "origin"), (16, 30, 50)),
+        ]
+    )
 
 
 def context_table(explanation: Explanation, model: str) -> str:
@@ -52,13 +54,21 @@ def context_table(explanation: Explanation, model: str) -> str:
     prefix = f"file:{model}:"
     rows = []
     for key, (value, origin) in sorted(explanation.decision.context.items()):
-        shown = MODEL_MARK + origin[len(prefix) - 1:] if origin.startswith(prefix) else origin
-        rows.append((key, value_text(value), _origin_and_beaten(shown, explanation.settings.context.get(key))))
-    return "\n".join([
-        heading("Context", "the facts the decision is made from"),
-        f"{MODEL_MARK} = file:{model}",
-        table(rows, ("key", "value", "origin"), (37, 20, 39)),
-    ])
+        shown = MODEL_MARK + origin[len(prefix) - 1 :] if origin.startswith(prefix) else origin
+        rows.append(
+            (
+                key,
+                value_text(value),
+                _origin_and_beaten(shown, explanation.settings.context.get(key)),
+            )
+        )
+    return "\n".join(
+        [
+            heading("Context", "the facts the decision is made from"),
+            f"{MODEL_MARK} = file:{model}",
+            table(rows, ("key", "value", "origin"), (37, 20, 39)),
+        ]
+    )
 
 
 def _status(cand: Candidate) -> str:
@@ -75,13 +85,22 @@ def _status(cand: Candidate) -> str:
 def candidates_table(decision: Decision) -> str:
     """Every backend: status, the pass that decided it, the reason and its detail."""
     rows = [
-        (cand.backend, _status(cand), cand.reason_code.value if cand.reason_code else "", cand.detail)
+        (
+            cand.backend,
+            _status(cand),
+            cand.reason_code.value if cand.reason_code else "",
+            cand.detail,
+        )
         for cand in decision.candidates
     ]
-    return "\n".join([
-        heading("Candidates", "final order: the first live listed one runs, or the requested one"),
-        table(rows, ("backend", "status", "reason", "detail"), (18, 15, 29, 32)),
-    ])
+    return "\n".join(
+        [
+            heading(
+                "Candidates", "final order: the first live listed one runs, or the requested one"
+            ),
+            table(rows, ("backend", "status", "reason", "detail"), (18, 15, 29, 32)),
+        ]
+    )
 
 
 def _rule_result(rule: RuleRecord) -> str:
@@ -105,13 +124,17 @@ def rules_table(explanation: Explanation) -> str:
         table(rows, ("rule / where", "effect", "result"), (52, 26, 16)),
     ]
     for old, new in explanation.settings.replaced_rules:
-        parts.append(_fill(f"rule {old.id} at {old.origin} was replaced by the one at {new.origin}"))
+        parts.append(
+            _fill(f"rule {old.id} at {old.origin} was replaced by the one at {new.origin}")
+        )
     return "\n".join(parts)
 
 
 def _fill(text: str, label: str = "") -> str:
     return textwrap.fill(
-        f"{label:<13}{text}" if label else text, WIDTH, subsequent_indent=" " * 13,
+        f"{label:<13}{text}" if label else text,
+        WIDTH,
+        subsequent_indent=" " * 13,
         break_on_hyphens=False,
     )
 
@@ -124,22 +147,35 @@ def decision_block(explanation: Explanation) -> str:
         lines.append(_fill("none: no backend can run this layer (exit 4)", "backend:"))
     else:
         where = "implemented here" if d.implemented_here else "provided by the engine"
-        lines.append(_fill(f"{d.backend} ({d.experts_class}; {d.activation_format} format; {where})", "backend:"))
-    requested = f" (requested {d.requested.backend} via {d.requested.origin})" if d.requested else ""
+        lines.append(
+            _fill(
+                f"{d.backend} ({d.experts_class}; {d.activation_format} format; {where})",
+                "backend:",
+            )
+        )
+    requested = (
+        f" (requested {d.requested.backend} via {d.requested.origin})" if d.requested else ""
+    )
     lines.append(_fill(f"{d.outcome.value}{requested}", "outcome:"))
     for a in d.adaptations:
         lines.append(_fill(f"{a.requested} -> {a.adapted_to}: {a.reason}", "adapted:"))
     for o in d.overrides:
         rule = f", rule {o.rule}" if o.rule else ""
-        lines.append(_fill(
-            f"{o.requested} -> {o.selected or 'nothing'}: {o.reason_code.value} (pass {o.pass_name}{rule}): "
-            f"{o.detail}",
-            "override:",
-        ))
+        lines.append(
+            _fill(
+                f"{o.requested} -> {o.selected or 'nothing'}: {o.reason_code.value} (pass {o.pass_name}{rule}): "
+                f"{o.detail}",
+                "override:",
+            )
+        )
     lines.append(_fill(d.mode, "mode:"))
     lines.append(_fill(explanation.strict_outcome, "strict mode:"))
-    lines.append(_fill(f"{d.fingerprint[:16]}  (decision id {d.decision_id}, moe_policy "
-                       f"{d.library_version})", "fingerprint:"))
+    lines.append(
+        _fill(
+            f"{d.fingerprint[:16]}  (decision id {d.decision_id}, moe_policy {d.library_version})",
+            "fingerprint:",
+        )
+    )
     return "\n".join(lines)
 
 
@@ -148,10 +184,12 @@ def notices_block(decision: Decision) -> str:
     if not decision.notices:
         return ""
     rows = [(n.origin, n.detail, n.replacement) for n in decision.notices]
-    return "\n".join([
-        heading("Notices", "settings that are deprecated, ignored or have no effect"),
-        table(rows, ("origin", "detail", "use instead"), (34, 34, 26)),
-    ])
+    return "\n".join(
+        [
+            heading("Notices", "settings that are deprecated, ignored or have no effect"),
+            table(rows, ("origin", "detail", "use instead"), (34, 34, 26)),
+        ]
+    )
 
 
 def render(explanation: Explanation, model: str) -> str:

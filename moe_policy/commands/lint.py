@@ -48,5 +48,7 @@ def run(args: argparse.Namespace) -> int:
             widths = (None, 8, None, max(WIDTH - fixed, 30))
             print(table(rows, ("location", "severity", "code", "message"), widths))
         files = len(args.files)
-        print(f"{files} file{'s' if files != 1 else ''} checked: {errors} error(s), {warnings} warning(s)")
+        print(
+            f"{files} file{'s' if files != 1 else ''} checked: {errors} error(s), {warnings} warning(s)"
+        )
     return 1 if errors else 0

@@ -18,13 +18,21 @@ def wrap(text: str, width: int | None) -> str:
     for line in text.splitlines() or [""]:
         indent = " " * (len(line) - len(line.lstrip(" ")))
         out.extend(
-            textwrap.wrap(line, width, break_on_hyphens=False, subsequent_indent=indent + "  " if indent else "") or [""]
+            textwrap.wrap(
+                line,
+                width,
+                break_on_hyphens=False,
+                subsequent_indent=indent + "  " if indent else "",
+            )
+            or [""]
         )
     return "\n".join(out)
 
 
 def table(
-    rows: Sequence[Sequence[Any]], headers: Sequence[str], widths: Sequence[int | None] | None = None
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    widths: Sequence[int | None] | None = None,
 ) -> str:
     """A plain-text table; cells wrap at ``widths`` (None: no limit); numbers stay as written.
 
@@ -36,12 +44,20 @@ def table(
     tabulate_module.MIN_PADDING = 0  # column width = widest cell; the 2-space gap stays
     limits = list(widths) if widths is not None else [None] * len(headers)
     cells = [
-        [wrap("-" if cell is None or cell == "" else str(cell), limit) for cell, limit in zip(row, limits, strict=True)]
+        [
+            wrap("-" if cell is None or cell == "" else str(cell), limit)
+            for cell, limit in zip(row, limits, strict=True)
+        ]
         for row in rows
     ]
-    return str(tabulate_module.tabulate(
-        cells, headers=list(headers), tablefmt="simple", disable_numparse=True,
-    ))
+    return str(
+        tabulate_module.tabulate(
+            cells,
+            headers=list(headers),
+            tablefmt="simple",
+            disable_numparse=True,
+        )
+    )
 
 
 def heading(title: str, note: str = "") -> str:

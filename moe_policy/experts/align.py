@@ -26,8 +26,8 @@ Limits. Pairs whose expert id is outside ``[0, E)`` (experts on another rank) ar
 The order of pairs inside one expert is not stable (GPU atomics hand out the ranks); the
 GEMMs treat rows independently, so results do not depend on it. ``E`` up to 1024.
 Small problems (``numel <= FUSED_MAX``) use one program of one kernel; larger ones use a
-zero-filled counter buffer, a counting kernel, a one-program offsets kernel and a scatter
-kernel.
+zero-filled counter buffer, a counting kernel, an offsets kernel (one chunk of blocks per
+program, each recomputing the prefix sums) and a scatter kernel.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ def max_blocks_for(numel: int, num_experts: int, block_m: int) -> int:
 def _offsets_and_blocks(
     counts,
     bins,
+    first_chunk,
+    num_chunks,
+    write_head,
     # pointers
     sorted_ids_ptr,
     expert_ids_ptr,
@@ -80,35 +83,36 @@ def _offsets_and_blocks(
     BLOCK_M: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
 ):
-    """From per-expert counts: cursor = start offsets, sentinels, expert_ids, block_rows,
-    num_padded."""
+    """From per-expert counts, for blocks of chunks ``first_chunk ..+ num_chunks``: expert_ids,
+    block_rows and the sentinel padding; with ``write_head`` also num_padded and cursor (the
+    start of each expert). Every program recomputes the prefix sums (a few hundred bins)."""
     # padded sizes and their exclusive prefix sum (bins >= num_experts hold dropped pairs)
     valid = bins < num_experts
-    padded = tl.where(valid, ((counts + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, 0)
-    ends = tl.cumsum(padded, 0)
-    starts = ends - padded
-    total = tl.sum(padded, 0)
-    tl.store(num_padded_ptr, total)
-    tl.store(cursor_ptr + bins, starts, mask=valid)
-    # sentinel padding after each expert's pairs
-    offs_j = tl.arange(0, BLOCK_M)
-    pad_pos = (starts + counts)[:, None] + offs_j[None, :]
-    pad_mask = valid[:, None] & (offs_j[None, :] < (padded - counts)[:, None])
-    tl.store(sorted_ids_ptr + pad_pos, numel, mask=pad_mask)
-    # expert of each block: number of experts whose padded range ends at or before it; the
-    # padded and unpadded starts of that expert are the sums over those experts
     real = tl.where(valid, counts, 0)
-    for b0 in range(0, max_blocks, BLOCK_CHUNK):
-        offs_b = b0 + tl.arange(0, BLOCK_CHUNK)
+    padded = ((real + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    total = tl.sum(padded, 0)
+    if write_head:
+        tl.store(num_padded_ptr, total)
+        tl.store(cursor_ptr + bins, ends - padded, mask=valid)
+    # per block: its expert (experts whose padded range ends at or before it), that expert's
+    # padded and unpadded starts and its count; rows past the count get the sentinel
+    offs_j = tl.arange(0, BLOCK_M)
+    for c in range(first_chunk, first_chunk + num_chunks):
+        offs_b = c * BLOCK_CHUNK + tl.arange(0, BLOCK_CHUNK)
         b_mask = offs_b < max_blocks
         first_row = offs_b * BLOCK_M
+        live = first_row < total
         ended = (ends[None, :] <= first_row[:, None]) & valid[None, :]
         expert = tl.sum(ended.to(tl.int32), 1)
-        expert = tl.where(first_row < total, expert, -1)
-        tl.store(expert_ids_ptr + offs_b, expert, mask=b_mask)
+        tl.store(expert_ids_ptr + offs_b, tl.where(live, expert, -1), mask=b_mask)
         pstart = tl.sum(tl.where(ended, padded[None, :], 0), 1)
         ustart = tl.sum(tl.where(ended, real[None, :], 0), 1)
         tl.store(block_rows_ptr + offs_b, ustart + first_row - pstart, mask=b_mask)
+        count = tl.sum(tl.where(bins[None, :] == expert[:, None], real[None, :], 0), 1)
+        in_block = first_row - pstart  # rows of this expert before the block
+        pad = (b_mask & live)[:, None] & (in_block[:, None] + offs_j[None, :] >= count[:, None])
+        tl.store(sorted_ids_ptr + first_row[:, None] + offs_j[None, :], numel, mask=pad)
 
 
 @triton.jit
@@ -141,7 +145,8 @@ def _align_fused_kernel(
     counts = tl.histogram(ids, NUM_BINS)
     # offsets, padding, expert ids; cursor[e] = start of expert e
     _offsets_and_blocks(
-        counts, bins, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
+        counts, bins, 0, tl.cdiv(max_blocks, BLOCK_CHUNK), True,
+        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
         numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK,
     )  # fmt: skip
     tl.debug_barrier()
@@ -193,11 +198,14 @@ def _align_offsets_kernel(
     NUM_BINS: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
 ):
-    """One program: offsets, sentinels, expert ids and num_padded from the counts."""
+    """One chunk of blocks per program: expert ids, block rows and sentinels from the counts;
+    program 0 also writes num_padded and the cursor."""
+    pid = tl.program_id(0)
     bins = tl.arange(0, NUM_BINS)
     counts = tl.load(counts_ptr + bins, mask=bins < num_experts, other=0)
     _offsets_and_blocks(
-        counts, bins, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
+        counts, bins, pid, 1, pid == 0,
+        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
         numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK,
     )  # fmt: skip
 
@@ -263,7 +271,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Aligned
         _align_count_kernel[grid](
             topk_ids, counts, numel, num_experts, NUM_BINS=num_bins, CHUNK=_CHUNK
         )
-        _align_offsets_kernel[(1,)](
+        _align_offsets_kernel[(triton.cdiv(max_blocks, _BLOCK_CHUNK),)](
             counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,

@@ -78,8 +78,7 @@ def dispatch_to_batched(
     counts = counts[:e_count]
     if t_count > 0 and int(counts.max()) > m_cap:
         raise ValueError(
-            f"expert receives {int(counts.max())} tokens, more than "
-            f"max_tokens_per_expert={m_cap}"
+            f"expert receives {int(counts.max())} tokens, more than max_tokens_per_expert={m_cap}"
         )
     # Position of each pair inside its expert: its sorted index minus the expert's start.
     starts = torch.cumsum(counts, 0) - counts

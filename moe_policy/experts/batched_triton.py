@@ -81,16 +81,36 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def gemm_config(m: int, n: int, k: int, gated: bool) -> dict[str, int]:
     """Tile config for one batched GEMM with ``m`` rows per expert."""
     if m <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4,
-                "num_stages": 3 if gated else 4}
+        return {
+            "BLOCK_M": 16,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "num_warps": 4,
+            "num_stages": 3 if gated else 4,
+        }
     if m <= 64:
-        return {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4,
-                "num_stages": 3 if gated else 4}
+        return {
+            "BLOCK_M": 32,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "num_warps": 4,
+            "num_stages": 3 if gated else 4,
+        }
     if m <= 256:
-        return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8 if gated else 4,
-                "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 64 if gated else 128, "BLOCK_K": 64, "num_warps": 8,
-            "num_stages": 3}
+        return {
+            "BLOCK_M": 64,
+            "BLOCK_N": 128,
+            "BLOCK_K": 64,
+            "num_warps": 8 if gated else 4,
+            "num_stages": 3,
+        }
+    return {
+        "BLOCK_M": 128,
+        "BLOCK_N": 64 if gated else 128,
+        "BLOCK_K": 64,
+        "num_warps": 8,
+        "num_stages": 3,
+    }
 
 
 def shrink_split_k(programs: int, k: int, block_k: int, m: int, sm_count: int) -> int:
@@ -142,25 +162,57 @@ def _activation(g, u, alpha, limit, ACT: tl.constexpr, GATED: tl.constexpr):
 def _batched_gemm_kernel(
     # Pointers: input rows, weights, bias, output, per-expert counts, LoRA (slot map,
     # enabled flags, shrink output u [S, E, M, R] fp32, expand weights B [S, L, E, N, R]).
-    a_ptr, w_ptr, bias_ptr, out_ptr, counts_ptr,
-    slot_ptr, enabled_ptr, lu_ptr, lb_ptr,
+    a_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    counts_ptr,
+    slot_ptr,
+    enabled_ptr,
+    lu_ptr,
+    lb_ptr,
     # Sizes: M rows per expert, N output columns (I for gated GEMM1), K reduction,
     # number of LoRA slots and the real (unpadded) rank.
-    M, N, K, NUM_SLOTS, RANK,
+    M,
+    N,
+    K,
+    NUM_SLOTS,
+    RANK,
     # Strides (elements to step one index along that dimension).
-    stride_ae, stride_am, stride_ak,
-    stride_we, stride_wn, stride_wk,
-    stride_be, stride_bn,
-    stride_oe, stride_om, stride_on,
-    stride_se, stride_sm,
-    stride_us, stride_ue, stride_um, stride_ur,
-    stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+    stride_ae,
+    stride_am,
+    stride_ak,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_be,
+    stride_bn,
+    stride_oe,
+    stride_om,
+    stride_on,
+    stride_se,
+    stride_sm,
+    stride_us,
+    stride_ue,
+    stride_um,
+    stride_ur,
+    stride_lbs,
+    stride_lbl,
+    stride_lbe,
+    stride_lbn,
+    stride_lbr,
     # swigluoai parameters.
-    alpha, limit,
+    alpha,
+    limit,
     # Meta-parameters.
-    GATED: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GATED: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_LORA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
     # Program -> (expert, N-block, M-block); M fastest so that programs sharing one weight
@@ -222,7 +274,9 @@ def _batched_gemm_kernel(
         slots = tl.load(slot_ptr + e64 * stride_se + offs_m * stride_sm, mask=row_mask, other=-1)
         offs_r = tl.arange(0, BLOCK_R)
         r_mask = offs_r < RANK
-        u_base = lu_ptr + e64 * stride_ue + offs_m[:, None] * stride_um + offs_r[None, :] * stride_ur
+        u_base = (
+            lu_ptr + e64 * stride_ue + offs_m[:, None] * stride_um + offs_r[None, :] * stride_ur
+        )
         b_off = e64 * stride_lbe + offs_nw[None, :] * stride_lbn + offs_r[:, None] * stride_lbr
         for slot in range(0, NUM_SLOTS):
             sel = (slots == slot) & row_mask
@@ -235,31 +289,55 @@ def _batched_gemm_kernel(
                 acc_g += tl.dot(u0.to(b0.dtype), b0)
                 if GATED:
                     u1 = tl.load(u_base + stride_us, mask=um, other=0.0)
-                    b1 = tl.load(lb_ptr + stride_lbs + slot * stride_lbl + b_off,
-                                 mask=r_mask[:, None], other=0.0)
+                    b1 = tl.load(
+                        lb_ptr + stride_lbs + slot * stride_lbl + b_off,
+                        mask=r_mask[:, None],
+                        other=0.0,
+                    )
                     acc_u += tl.dot(u1.to(b1.dtype), b1)
 
     # Epilogue 3: activation (GEMM1) and masked store of the valid rows.
     res = _activation(acc_g, acc_u, alpha, limit, ACT, GATED) if ACT != 0 else acc_g
     out_ptrs = out_ptr + e64 * stride_oe + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & (offs_n[None, :] < N))
+    tl.store(
+        out_ptrs, res.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n[None, :] < N)
+    )
 
 
 @triton.jit
 def _lora_shrink_kernel(
     # Pointers: input rows [E, M, K], A [S, L, E, R, K], slot map [E, M], enabled [L],
     # counts [E], output u [S, E, M, R] (fp32; zero-filled when SPLIT_K > 1).
-    x_ptr, la_ptr, slot_ptr, enabled_ptr, counts_ptr, u_ptr,
+    x_ptr,
+    la_ptr,
+    slot_ptr,
+    enabled_ptr,
+    counts_ptr,
+    u_ptr,
     # Sizes.
-    M, K, NUM_SLOTS, RANK,
+    M,
+    K,
+    NUM_SLOTS,
+    RANK,
     # Strides.
-    stride_xe, stride_xm, stride_xk,
-    stride_las, stride_lal, stride_lae, stride_lar, stride_lak,
-    stride_se, stride_sm,
-    stride_us, stride_ue, stride_um, stride_ur,
+    stride_xe,
+    stride_xm,
+    stride_xk,
+    stride_las,
+    stride_lal,
+    stride_lae,
+    stride_lar,
+    stride_lak,
+    stride_se,
+    stride_sm,
+    stride_us,
+    stride_ue,
+    stride_um,
+    stride_ur,
     # Meta-parameters.
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
     # Program -> (expert, M-block) on axis 0, (slice, slot) on axis 1, K split on axis 2.
@@ -289,8 +367,14 @@ def _lora_shrink_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     r_mask = offs_r < RANK
     x_ptrs = x_ptr + e64 * stride_xe + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    a_ptrs = (la_ptr + s * stride_las + slot * stride_lal + e64 * stride_lae
-              + offs_r[None, :] * stride_lar + offs_k[:, None] * stride_lak)
+    a_ptrs = (
+        la_ptr
+        + s * stride_las
+        + slot * stride_lal
+        + e64 * stride_lae
+        + offs_r[None, :] * stride_lar
+        + offs_k[:, None] * stride_lak
+    )
 
     # u = x A^T over this split's K blocks (every SPLIT_K-th), fp32 accumulation.
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
@@ -303,8 +387,13 @@ def _lora_shrink_kernel(
         a_ptrs += SPLIT_K * BLOCK_K * stride_lak
 
     # Store (or add, when K is split) the rows of this slot.
-    u_ptrs = (u_ptr + s * stride_us + e64 * stride_ue + offs_m[:, None] * stride_um
-              + offs_r[None, :] * stride_ur)
+    u_ptrs = (
+        u_ptr
+        + s * stride_us
+        + e64 * stride_ue
+        + offs_m[:, None] * stride_um
+        + offs_r[None, :] * stride_ur
+    )
     u_mask = sel[:, None] & r_mask[None, :]
     if SPLIT_K == 1:
         tl.store(u_ptrs, acc, mask=u_mask)
@@ -330,20 +419,43 @@ def _lora_shrink(
     cfg = shrink_config(m_cap)
     num_m = triton.cdiv(m_cap, cfg["BLOCK_M"])
     if split_k is None:
-        split_k = shrink_split_k(e_count * num_m * num_slices, k, cfg["BLOCK_K"], m_cap,
-                                 _sm_count(x.device))
+        split_k = shrink_split_k(
+            e_count * num_m * num_slices, k, cfg["BLOCK_K"], m_cap, _sm_count(x.device)
+        )
     alloc = torch.zeros if split_k > 1 else torch.empty
     u = alloc(num_slices, e_count, m_cap, rank, dtype=torch.float32, device=x.device)
     grid = (e_count * num_m, num_slices * num_slots, split_k)
     _lora_shrink_kernel[grid](
-        x, a, slot_map, enabled, counts, u,
-        m_cap, k, num_slots, rank,
-        x.stride(0), x.stride(1), x.stride(2),
-        a.stride(0), a.stride(1), a.stride(2), a.stride(3), a.stride(4),
-        slot_map.stride(0), slot_map.stride(1),
-        u.stride(0), u.stride(1), u.stride(2), u.stride(3),
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_K=cfg["BLOCK_K"], BLOCK_R=_block_r(rank),
-        SPLIT_K=split_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        x,
+        a,
+        slot_map,
+        enabled,
+        counts,
+        u,
+        m_cap,
+        k,
+        num_slots,
+        rank,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        a.stride(0),
+        a.stride(1),
+        a.stride(2),
+        a.stride(3),
+        a.stride(4),
+        slot_map.stride(0),
+        slot_map.stride(1),
+        u.stride(0),
+        u.stride(1),
+        u.stride(2),
+        u.stride(3),
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_K=cfg["BLOCK_K"],
+        BLOCK_R=_block_r(rank),
+        SPLIT_K=split_k,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return u
 
@@ -381,9 +493,19 @@ def _gemm(
     if lora is not None:
         slot_map, enabled, u, b = lora
         num_slots, rank = b.shape[1], b.shape[4]
-        lora_strides = (slot_map.stride(0), slot_map.stride(1),
-                        u.stride(0), u.stride(1), u.stride(2), u.stride(3),
-                        b.stride(0), b.stride(1), b.stride(2), b.stride(3), b.stride(4))
+        lora_strides = (
+            slot_map.stride(0),
+            slot_map.stride(1),
+            u.stride(0),
+            u.stride(1),
+            u.stride(2),
+            u.stride(3),
+            b.stride(0),
+            b.stride(1),
+            b.stride(2),
+            b.stride(3),
+            b.stride(4),
+        )
     else:
         slot_map = enabled = u = b = counts  # never read (HAS_LORA=False)
         num_slots, rank = 0, 1
@@ -391,20 +513,44 @@ def _gemm(
     bias_t = bias if bias is not None else counts
     bias_strides = (bias.stride(0), bias.stride(1)) if bias is not None else (0, 0)
     _batched_gemm_kernel[grid](
-        a, w, bias_t, out, counts,
-        slot_map, enabled, u, b,
-        m_cap, n, k, num_slots, rank,
-        a.stride(0), a.stride(1), a.stride(2),
-        w.stride(0), w.stride(1), w.stride(2),
+        a,
+        w,
+        bias_t,
+        out,
+        counts,
+        slot_map,
+        enabled,
+        u,
+        b,
+        m_cap,
+        n,
+        k,
+        num_slots,
+        rank,
+        a.stride(0),
+        a.stride(1),
+        a.stride(2),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
         *bias_strides,
-        out.stride(0), out.stride(1), out.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
         *lora_strides,
-        alpha, limit,
-        GATED=gated, INTERLEAVED=interleaved, ACT=act,
-        HAS_BIAS=bias is not None, HAS_LORA=lora is not None,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        alpha,
+        limit,
+        GATED=gated,
+        INTERLEAVED=interleaved,
+        ACT=act,
+        HAS_BIAS=bias is not None,
+        HAS_LORA=lora is not None,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
         BLOCK_R=_block_r(rank),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
 
 
@@ -419,19 +565,28 @@ def _check_inputs(
     lora: MoELoRAContext | None,
 ) -> None:
     """Raise ValueError naming what was received when shapes, dtypes or devices disagree."""
-    got = (f"x {tuple(x.shape)} {x.dtype}, expert_num_tokens {tuple(expert_num_tokens.shape)} "
-           f"{expert_num_tokens.dtype}, w13 {tuple(w13.shape)} {w13.dtype}, "
-           f"w2 {tuple(w2.shape)} {w2.dtype}")
+    got = (
+        f"x {tuple(x.shape)} {x.dtype}, expert_num_tokens {tuple(expert_num_tokens.shape)} "
+        f"{expert_num_tokens.dtype}, w13 {tuple(w13.shape)} {w13.dtype}, "
+        f"w2 {tuple(w2.shape)} {w2.dtype}"
+    )
     if x.dim() != 3 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"expected x [E, M, H], w13 [E, N1, H], w2 [E, H, I]; got {got}")
     e_count, _, hidden = x.shape
     n1 = w13.shape[1]
     inter = w2.shape[2]
-    if (w13.shape[0] != e_count or w2.shape[0] != e_count or w13.shape[2] != hidden
-            or w2.shape[1] != hidden or n1 != (2 * inter if gated else inter)):
+    if (
+        w13.shape[0] != e_count
+        or w2.shape[0] != e_count
+        or w13.shape[2] != hidden
+        or w2.shape[1] != hidden
+        or n1 != (2 * inter if gated else inter)
+    ):
         raise ValueError(f"shape mismatch (gated={gated}): {got}")
-    if expert_num_tokens.shape != (e_count,) or expert_num_tokens.dtype not in (torch.int32,
-                                                                             torch.int64):
+    if expert_num_tokens.shape != (e_count,) or expert_num_tokens.dtype not in (
+        torch.int32,
+        torch.int64,
+    ):
         raise ValueError(f"expert_num_tokens must be [E={e_count}] int32; got {got}")
     if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"x, w13, w2 must share one of {_DTYPES}; got {got}")
@@ -441,7 +596,9 @@ def _check_inputs(
     if w13_bias is not None and w13_bias.shape != (e_count, n1):
         raise ValueError(f"w13_bias must be [E, N1]=({e_count}, {n1}); got {tuple(w13_bias.shape)}")
     if w2_bias is not None and w2_bias.shape != (e_count, hidden):
-        raise ValueError(f"w2_bias must be [E, H]=({e_count}, {hidden}); got {tuple(w2_bias.shape)}")
+        raise ValueError(
+            f"w2_bias must be [E, H]=({e_count}, {hidden}); got {tuple(w2_bias.shape)}"
+        )
     if lora is None:
         return
     ad = lora.adapters
@@ -491,7 +648,9 @@ def batched_fused_experts(
     if out is None:
         out = torch.empty_like(x)
     elif out.shape != x.shape or out.dtype != x.dtype:
-        raise ValueError(f"out must be {tuple(x.shape)} {x.dtype}; got {tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"out must be {tuple(x.shape)} {x.dtype}; got {tuple(out.shape)} {out.dtype}"
+        )
     if e_count == 0 or m_cap == 0:
         return out
     x = x if x.stride(2) == 1 else x.contiguous()
@@ -509,8 +668,20 @@ def batched_fused_experts(
 
     # GEMM1 (+ LoRA expand, bias, activation) -> a [E, M, I].
     a = torch.empty(e_count, m_cap, inter, dtype=x.dtype, device=x.device)
-    _gemm(x, w13, w13_bias, a, counts, inter, gated=gated, interleaved=interleaved, act=act,
-          lora=lora13, alpha=swiglu_alpha, limit=swiglu_limit)
+    _gemm(
+        x,
+        w13,
+        w13_bias,
+        a,
+        counts,
+        inter,
+        gated=gated,
+        interleaved=interleaved,
+        act=act,
+        lora=lora13,
+        alpha=swiglu_alpha,
+        limit=swiglu_limit,
+    )
 
     if lora is not None:
         ad = lora.adapters
@@ -520,8 +691,20 @@ def batched_fused_experts(
         lora2 = (slot_map, enabled, v, w2_b)
 
     # GEMM2 (+ LoRA expand, bias) -> out [E, M, H].
-    _gemm(a, w2, w2_bias, out, counts, hidden, gated=False, interleaved=False, act=ACT_NONE,
-          lora=lora2, alpha=swiglu_alpha, limit=swiglu_limit)
+    _gemm(
+        a,
+        w2,
+        w2_bias,
+        out,
+        counts,
+        hidden,
+        gated=False,
+        interleaved=False,
+        act=ACT_NONE,
+        lora=lora2,
+        alpha=swiglu_alpha,
+        limit=swiglu_limit,
+    )
     return out
 
 

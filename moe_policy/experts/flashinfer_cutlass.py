@@ -53,12 +53,17 @@ def check_config(config: ExpertsConfig) -> tuple[bool, str | None]:
     """Whether this adapter can run a layer with this config; the reason when not."""
     if (config.gated, config.activation) not in ACTIVATION_TYPES:
         kind = "gated" if config.gated else "non-gated"
-        return False, (f"flashinfer_cutlass adapter supports gated silu and non-gated relu2; "
-                       f"got {kind} {config.activation}")
+        return False, (
+            f"flashinfer_cutlass adapter supports gated silu and non-gated relu2; "
+            f"got {kind} {config.activation}"
+        )
     if config.has_bias:
         return False, "flashinfer_cutlass adapter does not pass expert biases"
     if config.apply_router_weight_on_input and config.top_k != 1:
-        return False, "flashinfer_cutlass applies the router weight on the input only for top_k == 1"
+        return (
+            False,
+            "flashinfer_cutlass applies the router weight on the input only for top_k == 1",
+        )
     return True, None
 
 
@@ -108,7 +113,10 @@ class FlashInferCutlassExperts(FusedMoEExperts):
             return False, "flashinfer_cutlass needs a CUDA device; none is available"
         cc = torch.cuda.get_device_capability()
         if cc < (8, 9):
-            return False, f"flashinfer_cutlass needs compute capability 8.9 or >= 9.0; got {cc[0]}.{cc[1]}"
+            return (
+                False,
+                f"flashinfer_cutlass needs compute capability 8.9 or >= 9.0; got {cc[0]}.{cc[1]}",
+            )
         return True, None
 
     @classmethod
@@ -118,7 +126,10 @@ class FlashInferCutlassExperts(FusedMoEExperts):
             return False, "flashinfer_cutlass has no LoRA support"
         act, gated = ctx.get("activation"), ctx.get("gated")
         if act is not None and gated is not None and (bool(gated), act) not in ACTIVATION_TYPES:
-            return False, f"flashinfer_cutlass adapter: activation {act} (gated={gated}) unsupported"
+            return (
+                False,
+                f"flashinfer_cutlass adapter: activation {act} (gated={gated}) unsupported",
+            )
         if ctx.get("has_bias"):
             return False, "flashinfer_cutlass adapter does not pass expert biases"
         return True, None
@@ -139,7 +150,11 @@ class FlashInferCutlassExperts(FusedMoEExperts):
             raise ValueError("flashinfer_cutlass adapter does not pass expert biases")
         check_common_layout(config, w13, w2)
         i = config.intermediate_size
-        fc1 = swap_gate_up(w13, i) if config.gated else w13.clone(memory_format=torch.contiguous_format)
+        fc1 = (
+            swap_gate_up(w13, i)
+            if config.gated
+            else w13.clone(memory_format=torch.contiguous_format)
+        )
         return {
             "fc1": fc1,
             "fc2": w2.clone(memory_format=torch.contiguous_format),

@@ -97,7 +97,11 @@ def grouped_mm_fused_moe(
     t_count, hidden = x.shape
     e_count, _n1, _ = w13.shape
     inter = w2.shape[2]
-    if w13.shape[2] != hidden or w2.shape[:2] != (e_count, hidden) or topk_ids.shape != topk_weights.shape:
+    if (
+        w13.shape[2] != hidden
+        or w2.shape[:2] != (e_count, hidden)
+        or topk_ids.shape != topk_weights.shape
+    ):
         raise ValueError(
             f"shape mismatch: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}, "
             f"topk_ids {tuple(topk_ids.shape)}, topk_weights {tuple(topk_weights.shape)}"
@@ -219,13 +223,18 @@ def _add_w2_lora(
 def _availability() -> tuple[bool, str | None]:
     gmm = grouped_mm_fn()
     if gmm is None:
-        return False, (f"torch {torch.__version__} has neither torch.nn.functional.grouped_mm "
-                       "nor torch._grouped_mm")
+        return False, (
+            f"torch {torch.__version__} has neither torch.nn.functional.grouped_mm "
+            "nor torch._grouped_mm"
+        )
     if not torch.cuda.is_available():
         return False, "torch_grouped_mm needs a CUDA device; none is available"
     cc = torch.cuda.get_device_capability()
     if cc < MIN_CAPABILITY:
-        return False, f"torch_grouped_mm needs compute capability >= 9.0; device has {cc[0]}.{cc[1]}"
+        return (
+            False,
+            f"torch_grouped_mm needs compute capability >= 9.0; device has {cc[0]}.{cc[1]}",
+        )
     try:  # a tiny bf16 probe: the torch build may lack the grouped-GEMM kernels for this GPU
         a = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
         b = torch.ones(2, 16, 16, dtype=torch.bfloat16, device="cuda")
@@ -245,7 +254,10 @@ def check_config(
         return False, f"torch_grouped_mm runs bf16 only; got dtype {dtype}"
     for name in ("hidden_size", "intermediate_size"):
         if getattr(config, name) % ALIGN:
-            return False, f"torch_grouped_mm needs {name} % {ALIGN} == 0; got {getattr(config, name)}"
+            return (
+                False,
+                f"torch_grouped_mm needs {name} % {ALIGN} == 0; got {getattr(config, name)}",
+            )
     if lora_max_rank is not None and lora_max_rank % ALIGN:
         return False, f"torch_grouped_mm LoRA needs max rank % {ALIGN} == 0; got {lora_max_rank}"
     return True, None
@@ -306,8 +318,11 @@ class TorchGroupedMMExperts(FusedMoEExperts):
         tensors = [x, wt["w13"], wt["w2"]]
         if lora is not None:
             tensors += [lora.adapters.w13_a, lora.adapters.w2_a]
-        bad = [f"{tuple(t.shape)} {t.dtype} {t.device}" for t in tensors
-               if t.dtype != torch.bfloat16 or t.device.type != "cuda"]
+        bad = [
+            f"{tuple(t.shape)} {t.dtype} {t.device}"
+            for t in tensors
+            if t.dtype != torch.bfloat16 or t.device.type != "cuda"
+        ]
         if bad:
             raise ValueError(f"torch_grouped_mm needs bf16 CUDA tensors; got {bad}")
         return grouped_mm_fused_moe(

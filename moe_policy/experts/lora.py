@@ -53,7 +53,14 @@ class MoELoRAAdapters:
         """Zero-filled slots; every slot starts disabled."""
         if num_slices not in (1, 2):
             raise ValueError(f"num_slices must be 1 (non-gated) or 2 (gated), got {num_slices}")
-        s, n, e, r, h, i = num_slices, num_slots, num_experts, max_rank, hidden_size, intermediate_size
+        s, n, e, r, h, i = (
+            num_slices,
+            num_slots,
+            num_experts,
+            max_rank,
+            hidden_size,
+            intermediate_size,
+        )
 
         def z(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)

@@ -89,7 +89,7 @@ def heuristic_config(
     per_expert = pairs / num_experts
     if per_expert <= 16:
         block_m = 16
-    elif per_expert <= 48:
+    elif per_expert <= 32:
         block_m = 32
     elif per_expert <= 128:
         block_m = 64
@@ -118,14 +118,12 @@ def heuristic_config(
 
         g1 = GemmConfig(narrow(inter, b1), 128, 1, 4, 5)
         g2 = GemmConfig(narrow(hidden, 1), 128, 1, 4, 5)
-    g1 = GemmConfig(
-        _pow2_at_most(inter, g1.block_n), _pow2_at_most(hidden, g1.block_k),
-        g1.group_m, g1.num_warps, g1.num_stages,
-    )  # fmt: skip
-    g2 = GemmConfig(
-        _pow2_at_most(hidden, g2.block_n), _pow2_at_most(inter, g2.block_k),
-        g2.group_m, g2.num_warps, g2.num_stages,
-    )  # fmt: skip
+    # clamp tiles to the problem; TMA tiles where the GPU and the tensors allow (the launcher
+    # falls back to pointers otherwise)
+    g1 = replace(g1, block_n=_pow2_at_most(inter, g1.block_n),
+                 block_k=_pow2_at_most(hidden, g1.block_k), tma=True)  # fmt: skip
+    g2 = replace(g2, block_n=_pow2_at_most(hidden, g2.block_n),
+                 block_k=_pow2_at_most(inter, g2.block_k), tma=True)  # fmt: skip
     return MoEConfig(block_m, _fit_stages(block_m, g1, b1), _fit_stages(block_m, g2, 1))
 
 

@@ -55,19 +55,28 @@ def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | N
         return None
     quant = v.get("model.quantization")
     if quant not in spec.quantization:
-        return R.QUANTIZATION_UNSUPPORTED, f"quantization {quant} (serves {', '.join(spec.quantization)})"
+        return (
+            R.QUANTIZATION_UNSUPPORTED,
+            f"quantization {quant} (serves {', '.join(spec.quantization)})",
+        )
     dtype = v.get("model.dtype")
     if dtype not in spec.dtypes:
         return R.DTYPE_UNSUPPORTED, f"dtype {dtype} (supports {', '.join(spec.dtypes)})"
     act, gated = v.get("model.activation"), v.get("model.gated")
     if gated:
         if act not in spec.gated_activations:
-            return R.ACTIVATION_UNSUPPORTED, f"gated {act} (gated: {', '.join(spec.gated_activations) or 'none'})"
+            return (
+                R.ACTIVATION_UNSUPPORTED,
+                f"gated {act} (gated: {', '.join(spec.gated_activations) or 'none'})",
+            )
     else:
         if not spec.non_gated_activations:
             return R.NON_GATED_UNSUPPORTED, f"non-gated {act} experts; runs gated activations only"
         if act not in spec.non_gated_activations:
-            return R.ACTIVATION_UNSUPPORTED, f"non-gated {act} (non-gated: {', '.join(spec.non_gated_activations)})"
+            return (
+                R.ACTIVATION_UNSUPPORTED,
+                f"non-gated {act} (non-gated: {', '.join(spec.non_gated_activations)})",
+            )
     fmt = v.get("parallel.activation_format")
     if spec.activation_format != "any" and fmt != spec.activation_format:
         return (
@@ -98,7 +107,10 @@ def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | N
             f"hidden size {hidden} is not a multiple of {spec.hidden_multiple}",
         )
     if v.get("batch_invariant") and not spec.batch_invariant:
-        return R.BATCH_INVARIANCE_UNSUPPORTED, "batch-invariant kernels required; this backend is not"
+        return (
+            R.BATCH_INVARIANCE_UNSUPPORTED,
+            "batch-invariant kernels required; this backend is not",
+        )
     return None
 
 
@@ -107,7 +119,9 @@ class FeasibilityPass:
 
     name = NAME
 
-    def __init__(self, catalog: Catalog, extra_checks: Mapping[str, ExtraCheck] | None = None) -> None:
+    def __init__(
+        self, catalog: Catalog, extra_checks: Mapping[str, ExtraCheck] | None = None
+    ) -> None:
         self.catalog = catalog
         self.extra_checks = dict(extra_checks or {})
 
@@ -119,19 +133,26 @@ class FeasibilityPass:
                 if verdict is None and cand.backend in self.extra_checks:
                     ok, why = self.extra_checks[cand.backend](ctx.values)
                     if not ok:
-                        verdict = (R.IMPLEMENTATION_UNSUPPORTED, why or "refused by the experts class")
+                        verdict = (
+                            R.IMPLEMENTATION_UNSUPPORTED,
+                            why or "refused by the experts class",
+                        )
                 if verdict is not None:
                     cand = cand.eliminate(NAME, verdict[0], verdict[1])
             out.append(cand)
         return tuple(out), ()
 
 
-def seed_candidates(catalog: Catalog, ctx: SelectionContext, priority: tuple[str, ...]) -> Candidates:
+def seed_candidates(
+    catalog: Catalog, ctx: SelectionContext, priority: tuple[str, ...]
+) -> Candidates:
     """Every catalog backend: the platform's priority list first, the rest unlisted."""
     from moe_policy.decision import Candidate, Status
 
     listed = [Candidate(name, Status.FEASIBLE) for name in priority if name in catalog]
     rest = [
-        Candidate(name, Status.FEASIBLE, listed=False) for name in catalog.names if name not in priority
+        Candidate(name, Status.FEASIBLE, listed=False)
+        for name in catalog.names
+        if name not in priority
     ]
     return (*listed, *rest)

@@ -38,12 +38,17 @@ class LoRAPass:
                 spec = self.catalog.spec(cand.backend)
                 if spec.lora == "false":
                     cand = cand.eliminate(
-                        NAME, ReasonCode.LORA_UNSUPPORTED,
+                        NAME,
+                        ReasonCode.LORA_UNSUPPORTED,
                         f"{cand.backend} cannot apply LoRA adapters to the experts",
                     )
-                elif spec.lora_rank_multiple and (ctx.get("lora.max_rank") or 0) % spec.lora_rank_multiple:
+                elif (
+                    spec.lora_rank_multiple
+                    and (ctx.get("lora.max_rank") or 0) % spec.lora_rank_multiple
+                ):
                     cand = cand.eliminate(
-                        NAME, ReasonCode.LORA_UNSUPPORTED,
+                        NAME,
+                        ReasonCode.LORA_UNSUPPORTED,
                         f"lora.max_rank {ctx.get('lora.max_rank')} is not a multiple of {spec.lora_rank_multiple}",
                     )
                 elif spec.lora == "conditional":
@@ -54,7 +59,8 @@ class LoRAPass:
                     ]
                     if failing:
                         cand = cand.eliminate(
-                            NAME, ReasonCode.LORA_UNSUPPORTED,
+                            NAME,
+                            ReasonCode.LORA_UNSUPPORTED,
                             f"LoRA class {spec.lora_experts_class} needs " + "; ".join(failing),
                         )
             out.append(cand)

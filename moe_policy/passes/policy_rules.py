@@ -19,10 +19,14 @@ from moe_policy.rules import Rule
 NAME = "policy_rules"
 
 
-def _reorder(candidates: list[Candidate], backends: Sequence[str], to_front: bool) -> list[Candidate]:
+def _reorder(
+    candidates: list[Candidate], backends: Sequence[str], to_front: bool
+) -> list[Candidate]:
     moved = [
         replace(c, listed=True) if to_front else c
-        for name in backends for c in candidates if c.backend == name
+        for name in backends
+        for c in candidates
+        if c.backend == name
     ]
     rest = [c for c in candidates if c.backend not in backends]
     return [*moved, *rest] if to_front else [*rest, *moved]
@@ -42,23 +46,35 @@ class RulesPass:
         for rule in self.rules:
             matched, missing = rule.evaluate(ctx.values)
             applied = matched and rule.action == "enforce"
-            trace.append(RuleRecord(
-                id=rule.id, effect=rule.effect, action=rule.action, matched=matched,
-                applied=applied, backends=rule.backends, reason=rule.reason,
-                origin=rule.origin, missing_context=missing,
-            ))
+            trace.append(
+                RuleRecord(
+                    id=rule.id,
+                    effect=rule.effect,
+                    action=rule.action,
+                    matched=matched,
+                    applied=applied,
+                    backends=rule.backends,
+                    reason=rule.reason,
+                    origin=rule.origin,
+                    missing_context=missing,
+                )
+            )
             if not applied:
                 continue
             if rule.effect == "forbid":
                 cands = [
-                    c.eliminate(NAME, ReasonCode.POLICY_FORBID, f"rule {rule.id}: {rule.reason}", rule.id)
-                    if c.alive and c.backend in rule.backends else c
+                    c.eliminate(
+                        NAME, ReasonCode.POLICY_FORBID, f"rule {rule.id}: {rule.reason}", rule.id
+                    )
+                    if c.alive and c.backend in rule.backends
+                    else c
                     for c in cands
                 ]
             elif rule.effect == "require":
                 cands = [
                     c.eliminate(
-                        NAME, ReasonCode.POLICY_REQUIRE,
+                        NAME,
+                        ReasonCode.POLICY_REQUIRE,
                         f"rule {rule.id} requires one of {', '.join(rule.backends)}: {rule.reason}",
                         rule.id,
                     )

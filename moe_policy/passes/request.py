@@ -27,12 +27,15 @@ def request_pass(ctx: SelectionContext, candidates: Candidates) -> PassResult:
     wanted = request.backend
     if ctx.format == "batched" and wanted in BATCHED_COUNTERPART:
         adapted = BATCHED_COUNTERPART[wanted]
-        trace.append(Adaptation(
-            wanted, adapted,
-            f"the deployment delivers the batched format (parallel.all2all={ctx.get('parallel.all2all')}); "
-            f"{adapted} is {wanted}'s batched counterpart",
-            request.origin,
-        ))
+        trace.append(
+            Adaptation(
+                wanted,
+                adapted,
+                f"the deployment delivers the batched format (parallel.all2all={ctx.get('parallel.all2all')}); "
+                f"{adapted} is {wanted}'s batched counterpart",
+                request.origin,
+            )
+        )
         wanted = adapted
     out = []
     for cand in candidates:
@@ -40,9 +43,16 @@ def request_pass(ctx: SelectionContext, candidates: Candidates) -> PassResult:
             cand = replace(cand, requested=True)
             if not cand.alive:
                 assert cand.reason_code is not None and cand.detail and cand.pass_name
-                trace.append(Override(
-                    requested=request.backend, selected=None, reason_code=cand.reason_code,
-                    detail=cand.detail, pass_name=cand.pass_name, origin=request.origin, rule=cand.rule,
-                ))
+                trace.append(
+                    Override(
+                        requested=request.backend,
+                        selected=None,
+                        reason_code=cand.reason_code,
+                        detail=cand.detail,
+                        pass_name=cand.pass_name,
+                        origin=request.origin,
+                        rule=cand.rule,
+                    )
+                )
         out.append(cand)
     return tuple(out), tuple(trace)

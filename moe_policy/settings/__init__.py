@@ -29,7 +29,13 @@ if TYPE_CHECKING:
 SOURCES: tuple[type[Source], ...] = (BuiltinSource, PolicyFilesSource, EnvSource, ExplicitSource)
 
 __all__ = [
-    "SOURCES", "Entry", "EnvSource", "ExplicitSource", "FileInfo", "Resolved", "Settings",
+    "SOURCES",
+    "Entry",
+    "EnvSource",
+    "ExplicitSource",
+    "FileInfo",
+    "Resolved",
+    "Settings",
     "resolve_settings",
 ]
 
@@ -79,10 +85,15 @@ class Settings:
         """sha256 of what decides (rules, priority lists, mode); no paths, no audit settings."""
         decisive = {
             "mode": self.mode,
-            "priority": {k: list(v.value) for k, v in self.values.items() if k.startswith("priority.")},
+            "priority": {
+                k: list(v.value) for k, v in self.values.items() if k.startswith("priority.")
+            },
             "rules": [
                 {
-                    "id": r.id, "effect": r.effect, "action": r.action, "backends": list(r.backends),
+                    "id": r.id,
+                    "effect": r.effect,
+                    "action": r.action,
+                    "backends": list(r.backends),
                     "when": [[c.key, c.op, c.operand] for c in r.conditions],
                 }
                 for r in self.rules
@@ -119,10 +130,13 @@ def resolve_settings(
         origin = files_origin or Origin.api("policy_files")
         files = [(str(p), origin) for p in policy_files]
         if env.policy_files():
-            notices.append(Notice(
-                "MOE_POLICY_FILES", str(Origin.env("MOE_POLICY_FILES")),
-                f"ignored: policy files were given explicitly ({origin})",
-            ))
+            notices.append(
+                Notice(
+                    "MOE_POLICY_FILES",
+                    str(Origin.env("MOE_POLICY_FILES")),
+                    f"ignored: policy files were given explicitly ({origin})",
+                )
+            )
     else:
         files = env.policy_files()
     sources: dict[type[Source], Source] = {

@@ -66,7 +66,11 @@ class EnvSource(Source):
         self.environ: Mapping[str, str] = dict(environ) if environ is not None else _load_environ()
 
     def __repr__(self) -> str:
-        shown = sorted(k for k in self.environ if k.startswith(PREFIX) or (k.startswith("VLLM_") and "MOE" in k) or k in VLLM_HANDLED)
+        shown = sorted(
+            k
+            for k in self.environ
+            if k.startswith(PREFIX) or (k.startswith("VLLM_") and "MOE" in k) or k in VLLM_HANDLED
+        )
         return f"EnvSource({shown!r})"
 
     def policy_files(self) -> list[tuple[str, Origin]]:
@@ -90,7 +94,8 @@ class EnvSource(Source):
                 raise PolicyError(
                     f"unknown environment variable {name}{did_you_mean(name, OUR_VARIABLES)}; "
                     f"known: {', '.join(OUR_VARIABLES)}",
-                    Origin.env(name), key=name,
+                    Origin.env(name),
+                    key=name,
                 )
         self._load_vllm(out, catalog)
         for name, key in OUR_VARIABLES.items():
@@ -117,61 +122,81 @@ class EnvSource(Source):
                 off = AITER if not master else AITER_MOE
                 out.context.append(Entry("rocm.aiter", False, Origin.env(off)))
         if BATCH_INVARIANT in env:
-            out.context.append(Entry("batch_invariant", self._bool(BATCH_INVARIANT), Origin.env(BATCH_INVARIANT)))
+            out.context.append(
+                Entry("batch_invariant", self._bool(BATCH_INVARIANT), Origin.env(BATCH_INVARIANT))
+            )
         if FI_FP16 in env:
             self._load_flashinfer_fp16(out)
         elif FI_BACKEND in env:
-            out.notices.append(Notice(
-                FI_BACKEND, str(Origin.env(FI_BACKEND)),
-                f"has no effect without {FI_FP16}=1 (both were removed from vLLM in favour of --moe-backend)",
-                replacement="MOE_POLICY_BACKEND",
-            ))
+            out.notices.append(
+                Notice(
+                    FI_BACKEND,
+                    str(Origin.env(FI_BACKEND)),
+                    f"has no effect without {FI_FP16}=1 (both were removed from vLLM in favour of --moe-backend)",
+                    replacement="MOE_POLICY_BACKEND",
+                )
+            )
         for name in sorted(env):
             if name.startswith("VLLM_") and "MOE" in name and name not in VLLM_HANDLED:
                 detail = VLLM_KNOWN_NO_EFFECT.get(name, "is not a knob moe_policy reads")
-                out.notices.append(Notice(
-                    name, str(Origin.env(name)),
-                    f"has no effect on the MoE backend choice: {detail}",
-                    replacement="MOE_POLICY_BACKEND or a policy rule",
-                ))
+                out.notices.append(
+                    Notice(
+                        name,
+                        str(Origin.env(name)),
+                        f"has no effect on the MoE backend choice: {detail}",
+                        replacement="MOE_POLICY_BACKEND or a policy rule",
+                    )
+                )
 
     def _load_flashinfer_fp16(self, out: SourceOutput) -> None:
         env = self.environ
         origin = Origin.env(FI_FP16)
         if not self._bool(FI_FP16):
-            out.rules.append(Rule(
-                id="env-flashinfer-moe-fp16-off",
-                effect="forbid",
-                backends=("flashinfer_trtllm", "flashinfer_cutlass"),
-                conditions=(),
-                reason=f"{FI_FP16}=0 turns FlashInfer MoE off (deprecated vLLM knob)",
-                origin=str(origin),
-            ))
-            out.notices.append(Notice(
-                FI_FP16, str(origin),
-                "deprecated vLLM knob, honoured: forbids both FlashInfer MoE backends",
-                replacement="a policy rule `effect: forbid` on flashinfer_trtllm, flashinfer_cutlass",
-            ))
+            out.rules.append(
+                Rule(
+                    id="env-flashinfer-moe-fp16-off",
+                    effect="forbid",
+                    backends=("flashinfer_trtllm", "flashinfer_cutlass"),
+                    conditions=(),
+                    reason=f"{FI_FP16}=0 turns FlashInfer MoE off (deprecated vLLM knob)",
+                    origin=str(origin),
+                )
+            )
+            out.notices.append(
+                Notice(
+                    FI_FP16,
+                    str(origin),
+                    "deprecated vLLM knob, honoured: forbids both FlashInfer MoE backends",
+                    replacement="a policy rule `effect: forbid` on flashinfer_trtllm, flashinfer_cutlass",
+                )
+            )
             return
         mode = env.get(FI_BACKEND, "latency").strip().lower()
         mode_origin = Origin.env(FI_BACKEND) if FI_BACKEND in env else origin
         if mode not in _FI_MODES:
             if mode == "masked_gemm":
-                out.notices.append(Notice(
-                    FI_BACKEND, str(mode_origin),
-                    "masked_gemm applies to quantized MoE only; no request made",
-                    replacement="MOE_POLICY_BACKEND",
-                ))
+                out.notices.append(
+                    Notice(
+                        FI_BACKEND,
+                        str(mode_origin),
+                        "masked_gemm applies to quantized MoE only; no request made",
+                        replacement="MOE_POLICY_BACKEND",
+                    )
+                )
                 return
             raise PolicyError(
                 f"expected throughput or latency, got {env[FI_BACKEND]!r}"
                 f"{did_you_mean(mode, _FI_MODES)}",
-                mode_origin, key=FI_BACKEND,
+                mode_origin,
+                key=FI_BACKEND,
             )
         backend = _FI_MODES[mode]
         out.settings.append(Entry("backend", backend, mode_origin))
-        out.notices.append(Notice(
-            FI_FP16, str(origin),
-            f"deprecated vLLM knob, honoured as a request for {backend}",
-            replacement=f"MOE_POLICY_BACKEND={backend}",
-        ))
+        out.notices.append(
+            Notice(
+                FI_FP16,
+                str(origin),
+                f"deprecated vLLM knob, honoured as a request for {backend}",
+                replacement=f"MOE_POLICY_BACKEND={backend}",
+            )
+        )

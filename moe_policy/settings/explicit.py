@@ -34,7 +34,9 @@ class ExplicitSource(Source):
             elif entry.key in CONTEXT_KEYS:
                 if CONTEXT_KEYS[entry.key].derived:
                     raise PolicyError(
-                        f"{entry.key} is derived from other keys and cannot be set", entry.origin, key=entry.key
+                        f"{entry.key} is derived from other keys and cannot be set",
+                        entry.origin,
+                        key=entry.key,
                     )
                 value = coerce_value(entry.key, entry.value, entry.origin)
                 out.context.append(Entry(entry.key, value, entry.origin))
@@ -43,6 +45,7 @@ class ExplicitSource(Source):
                 raise PolicyError(
                     f"unknown key {entry.key!r}{did_you_mean(entry.key, known)} "
                     f"(neither a setting nor a context key)",
-                    entry.origin, key=entry.key,
+                    entry.origin,
+                    key=entry.key,
                 )
         return out

@@ -52,17 +52,24 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
     spec = SETTINGS_KEYS.get(key)
     if spec is None:
         raise PolicyError(
-            f"unknown setting {key!r}{did_you_mean(key, SETTINGS_KEYS)}", origin, key=key, code="unknown-key"
+            f"unknown setting {key!r}{did_you_mean(key, SETTINGS_KEYS)}",
+            origin,
+            key=key,
+            code="unknown-key",
         )
     if spec.type == "backend":
         if not isinstance(value, str) or not value.strip():
-            raise PolicyError(f"{key}: expected a backend name or 'auto', got {value!r}", origin, key=key)
+            raise PolicyError(
+                f"{key}: expected a backend name or 'auto', got {value!r}", origin, key=key
+            )
         name = value.strip().lower().replace("-", "_")
         if name != "auto" and name not in catalog:
             raise PolicyError(
                 f"unknown MoE backend {value!r}{did_you_mean(name, (*catalog.names, 'auto'))}; "
                 f"known: auto, {', '.join(catalog.names)}",
-                origin, key=key, code="unknown-backend",
+                origin,
+                key=key,
+                code="unknown-backend",
             )
         return name
     if spec.type == "choice":
@@ -71,7 +78,8 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
             raise PolicyError(
                 f"{key}: expected one of {', '.join(spec.choices)}, got {value!r}"
                 f"{did_you_mean(str(value), spec.choices)}",
-                origin, key=key,
+                origin,
+                key=key,
             )
         return text
     if spec.type == "bool":
@@ -87,11 +95,15 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
         return value
     if spec.type == "backend_list":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise PolicyError(f"{key}: expected a list of backend names, got {value!r}", origin, key=key)
+            raise PolicyError(
+                f"{key}: expected a list of backend names, got {value!r}", origin, key=key
+            )
         for name in value:
             if name not in catalog:
                 raise PolicyError(
-                    f"{key}: unknown backend {name!r}{did_you_mean(name, catalog.names)}", origin, key=key,
+                    f"{key}: unknown backend {name!r}{did_you_mean(name, catalog.names)}",
+                    origin,
+                    key=key,
                     code="unknown-backend",
                 )
         return tuple(value)
@@ -108,7 +120,12 @@ def parse_policy_document(
     if data is None:
         return entries, rules
     if not isinstance(data, Mapping):
-        sink.add("error", "invalid-type", f"a policy file must be a mapping, got {type(data).__name__}", loaded.origin(()))
+        sink.add(
+            "error",
+            "invalid-type",
+            f"a policy file must be a mapping, got {type(data).__name__}",
+            loaded.origin(()),
+        )
         return entries, rules
 
     def at(path: tuple[Any, ...], at_key: bool = False) -> Origin:
@@ -126,12 +143,16 @@ def parse_policy_document(
     ) -> Iterator[tuple[str, Any]]:
         """The entries of a nested mapping whose names are allowed; the rest are findings."""
         if not isinstance(value, Mapping):
-            sink.add("error", "invalid-type", f"{key}: expected {expected}, got {value!r}", at((key,)))
+            sink.add(
+                "error", "invalid-type", f"{key}: expected {expected}, got {value!r}", at((key,))
+            )
             return
         for name, item in value.items():
             if name not in allowed:
                 sink.add(
-                    "error", "unknown-key", unknown(name) + did_you_mean(str(name), allowed),
+                    "error",
+                    "unknown-key",
+                    unknown(name) + did_you_mean(str(name), allowed),
                     loaded.origin((key, name), at_key=True),
                 )
                 continue
@@ -140,7 +161,8 @@ def parse_policy_document(
     for key, value in data.items():
         if key not in TOP_LEVEL_KEYS:
             sink.add(
-                "error", "unknown-key",
+                "error",
+                "unknown-key",
                 f"unknown key {key!r}{did_you_mean(str(key), TOP_LEVEL_KEYS)} "
                 f"(expected {', '.join(TOP_LEVEL_KEYS)})",
                 loaded.origin((key,), at_key=True),
@@ -148,24 +170,40 @@ def parse_policy_document(
             continue
         if key == "version":
             if value != POLICY_VERSION:
-                sink.add("error", "invalid-value", f"version: expected {POLICY_VERSION}, got {value!r}", at((key,)))
+                sink.add(
+                    "error",
+                    "invalid-value",
+                    f"version: expected {POLICY_VERSION}, got {value!r}",
+                    at((key,)),
+                )
         elif key in ("backend", "mode", "consistency"):
             add(key, value, (key,))
         elif key == "audit":
             for sub, subvalue in known_items(
-                key, value, AUDIT_KEYS, f"a mapping with {', '.join(AUDIT_KEYS)}",
+                key,
+                value,
+                AUDIT_KEYS,
+                f"a mapping with {', '.join(AUDIT_KEYS)}",
                 lambda name: f"unknown key 'audit.{name}'",
             ):
                 add(f"audit.{sub}", subvalue, (key, sub))
         elif key == "priority":
             for platform, order in known_items(
-                key, value, PLATFORMS, "a mapping of platform -> backends",
+                key,
+                value,
+                PLATFORMS,
+                "a mapping of platform -> backends",
                 lambda name: f"priority: unknown platform {name!r}",
             ):
                 add(f"priority.{platform}", order, (key, platform))
         elif key == "rules":
             if not isinstance(value, list):
-                sink.add("error", "invalid-type", f"rules: expected a list of rules, got {value!r}", at((key,)))
+                sink.add(
+                    "error",
+                    "invalid-type",
+                    f"rules: expected a list of rules, got {value!r}",
+                    at((key,)),
+                )
                 continue
             seen: dict[str, str] = {}
             for index, raw in enumerate(value):
@@ -173,9 +211,13 @@ def parse_policy_document(
                 if rule is None:
                     continue
                 if rule.id in seen:
-                    sink.add("error", "duplicate-rule", f"rule id {rule.id!r} already used at {seen[rule.id]}", rule.origin)
+                    sink.add(
+                        "error",
+                        "duplicate-rule",
+                        f"rule id {rule.id!r} already used at {seen[rule.id]}",
+                        rule.origin,
+                    )
                     continue
                 seen[rule.id] = rule.origin
                 rules.append(rule)
     return entries, rules
-

@@ -67,14 +67,20 @@ class Run:
 def run_cli(*args: str, env: Mapping[str, str] | None = None, cwd: Path = REPO) -> Run:
     """Run the console script with a clean policy environment plus ``env``."""
     base = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if not k.startswith(("MOE_POLICY_", "VLLM_")) and k not in ("RANK", "WORLD_SIZE")
     }
     base.update(env or {})
     if SCRIPT is None:
         pytest.fail(f"moe-policy is not installed next to {sys.executable}; run `make setup`")
     done = subprocess.run(
-        [SCRIPT, *args], capture_output=True, text=True, env=base, cwd=cwd, timeout=60,
+        [SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        env=base,
+        cwd=cwd,
+        timeout=60,
     )
     return Run(tuple(args), done.returncode, done.stdout, done.stderr)
 

@@ -30,26 +30,73 @@ def _no_expert_count(tmp_path: Path) -> str:
 # (id, policy file text or None, env, extra args, fragments expected in the error line)
 CASES = [
     ("malformed-yaml", MALFORMED, {}, (), ("malformed YAML", "file:{policy}:5:11")),
-    ("unknown-key", UNKNOWN_KEY, {}, (), ("file:{policy}:3:1", "unknown key 'moed'", "did you mean 'mode'")),
+    (
+        "unknown-key",
+        UNKNOWN_KEY,
+        {},
+        (),
+        ("file:{policy}:3:1", "unknown key 'moed'", "did you mean 'mode'"),
+    ),
     ("wrong-type", WRONG_TYPE, {}, (), ("file:{policy}:3:13", "audit.required", "'maybe'")),
-    ("unknown-backend-in-file", TYPO_BACKEND, {}, (),
-     ("file:{policy}:2:10", "flashinfer_cutlas", "did you mean 'flashinfer_cutlass'")),
-    ("unknown-backend-in-env", None, {"MOE_POLICY_BACKEND": "flashinfer_cutlas"}, (),
-     ("env:MOE_POLICY_BACKEND", "did you mean 'flashinfer_cutlass'")),
-    ("bad-mode-env", None, {"MOE_POLICY_MODE": "loud"}, (), ("env:MOE_POLICY_MODE", "'loud'", "warn, strict")),
-    ("unknown-env-variable", None, {"MOE_POLICY_BAKEND": "triton"}, (),
-     ("env:MOE_POLICY_BAKEND", "did you mean 'MOE_POLICY_BACKEND'")),
-    ("bad-flag-platform", None, {}, ("--platform", "cdua"), ("cli:--platform", "did you mean 'cuda'")),
+    (
+        "unknown-backend-in-file",
+        TYPO_BACKEND,
+        {},
+        (),
+        ("file:{policy}:2:10", "flashinfer_cutlas", "did you mean 'flashinfer_cutlass'"),
+    ),
+    (
+        "unknown-backend-in-env",
+        None,
+        {"MOE_POLICY_BACKEND": "flashinfer_cutlas"},
+        (),
+        ("env:MOE_POLICY_BACKEND", "did you mean 'flashinfer_cutlass'"),
+    ),
+    (
+        "bad-mode-env",
+        None,
+        {"MOE_POLICY_MODE": "loud"},
+        (),
+        ("env:MOE_POLICY_MODE", "'loud'", "warn, strict"),
+    ),
+    (
+        "unknown-env-variable",
+        None,
+        {"MOE_POLICY_BAKEND": "triton"},
+        (),
+        ("env:MOE_POLICY_BAKEND", "did you mean 'MOE_POLICY_BACKEND'"),
+    ),
+    (
+        "bad-flag-platform",
+        None,
+        {},
+        ("--platform", "cdua"),
+        ("cli:--platform", "did you mean 'cuda'"),
+    ),
     ("bad-flag-int", None, {}, ("--tp", "two"), ("cli:--tp", "parallel.tp", "'two'")),
     ("bad-flag-range", None, {}, ("--tp", "0"), ("cli:--tp", "parallel.tp must be at least 1")),
     ("bad-flag-mode", None, {}, ("--mode", "strcit"), ("cli:--mode", "did you mean 'strict'")),
     ("bad-set-syntax", None, {}, ("--set", "parallel.tp"), ("cli:--set", "KEY=VALUE")),
-    ("bad-set-key", None, {}, ("--set", "paralel.tp=2"), ("cli:--set", "did you mean 'parallel.tp'")),
-    ("missing-policy-file", None, {}, ("--policy", "no/such/policy.yaml"), ("cli:--policy", "not found")),
+    (
+        "bad-set-key",
+        None,
+        {},
+        ("--set", "paralel.tp=2"),
+        ("cli:--set", "did you mean 'parallel.tp'"),
+    ),
+    (
+        "missing-policy-file",
+        None,
+        {},
+        ("--policy", "no/such/policy.yaml"),
+        ("cli:--policy", "not found"),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("policy", "env", "extra", "fragments"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("policy", "env", "extra", "fragments"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_bad_input_exits_2_with_one_line_naming_the_origin(tmp_path, policy, env, extra, fragments):
     """Each bad input is a PolicyError: exit 2, nothing on stdout, one error line with its origin."""
     args = ["explain", "--model", NEMOTRON_REL, *H200, "--json", *extra]
@@ -85,8 +132,13 @@ def test_missing_model_flag_is_a_usage_error():
 
 def test_policy_files_env_names_a_missing_file(tmp_path):
     """MOE_POLICY_FILES pointing at a missing file names the variable."""
-    run = run_cli("explain", "--model", NEMOTRON_REL, *H200,
-                  env={"MOE_POLICY_FILES": str(tmp_path / "absent.yaml")})
+    run = run_cli(
+        "explain",
+        "--model",
+        NEMOTRON_REL,
+        *H200,
+        env={"MOE_POLICY_FILES": str(tmp_path / "absent.yaml")},
+    )
     assert run.returncode == 2
     [error] = run.errors()
     assert "env:MOE_POLICY_FILES" in error

@@ -10,7 +10,10 @@ from tests.cli.conftest import H200, NEMOTRON_REL, run_cli
 from tests.conftest import REPO
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lint"
-CONFIGS = ["configs/default.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs" / "profiles").glob("*.yaml"))]
+CONFIGS = [
+    "configs/default.yaml",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs" / "profiles").glob("*.yaml")),
+]
 
 
 def test_lint_finds_nothing_in_configs():
@@ -28,9 +31,12 @@ def test_lint_reports_planted_defects_and_exits_1():
     run = run_cli("lint", "--json", path)
     assert run.returncode == 1
     findings = run.json()["findings"]
-    assert findings and all(set(f) == {"severity", "code", "message", "location", "origin"} for f in findings)
+    assert findings and all(
+        set(f) == {"severity", "code", "message", "location", "origin"} for f in findings
+    )
     assert {"location": f"{path}:3:1", "code": "unknown-key"} in [
-        {"location": f["location"], "code": f["code"]} for f in findings]
+        {"location": f["location"], "code": f["code"]} for f in findings
+    ]
     human = run_cli("lint", path)
     assert human.returncode == 1
     assert f"{path}:3:1" in human.stdout and "unknown-key" in human.stdout
@@ -56,8 +62,17 @@ def test_backends_lists_the_catalog_as_json_and_as_a_table():
 
 def test_log_format_console_is_not_json_and_stdout_stays_clean():
     """--log-format console renders events for people on stderr; --json output is unaffected."""
-    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--lora", "--json", "--log-format", "console",
-                  env={"MOE_POLICY_BACKEND": "flashinfer_cutlass"})
+    run = run_cli(
+        "explain",
+        "--model",
+        NEMOTRON_REL,
+        *H200,
+        "--lora",
+        "--json",
+        "--log-format",
+        "console",
+        env={"MOE_POLICY_BACKEND": "flashinfer_cutlass"},
+    )
     assert run.returncode == 0
     assert run.json()["backend"] == "triton"
     assert run.events() == []
@@ -95,7 +110,9 @@ def test_cli_path_imports_neither_torch_nor_triton():
         f"main(['explain', '--model', {NEMOTRON_REL!r}, '--platform', 'cuda', '--capability', '9.0', '--json']); "
         "print(sorted(m for m in ('torch', 'triton') if m in sys.modules), file=sys.stderr)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+    )
     assert done.stderr.strip().splitlines()[-1] == "[]"
 
 

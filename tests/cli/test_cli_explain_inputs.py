@@ -12,8 +12,17 @@ from tests.conftest import MIXTRAL, MODELS, REPO
 
 def test_set_nested_keys_and_a_list_with_their_origin():
     """`--set parallel.tp=2` and `--set packages=[...]` land in the context as cli:--set."""
-    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json",
-                  "--set", "parallel.tp=2", "--set", "packages=[triton,torch]")
+    run = run_cli(
+        "explain",
+        "--model",
+        NEMOTRON_REL,
+        *H200,
+        "--json",
+        "--set",
+        "parallel.tp=2",
+        "--set",
+        "packages=[triton,torch]",
+    )
     assert run.returncode == 0, run.stderr
     record = run.json()
     validate_record(record)
@@ -27,8 +36,20 @@ def test_set_nested_keys_and_a_list_with_their_origin():
 
 def test_set_overrides_a_settings_key_after_the_named_flags():
     """`--set mode=strict` is a settings key too; it is applied after --mode, so it wins."""
-    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json", "--lora", "--backend",
-                  "flashinfer_cutlass", "--mode", "warn", "--set", "mode=strict")
+    run = run_cli(
+        "explain",
+        "--model",
+        NEMOTRON_REL,
+        *H200,
+        "--json",
+        "--lora",
+        "--backend",
+        "flashinfer_cutlass",
+        "--mode",
+        "warn",
+        "--set",
+        "mode=strict",
+    )
     assert run.returncode == 3
     record = run.json()
     assert record["mode"] == "strict"
@@ -39,19 +60,45 @@ def test_later_policy_files_win(tmp_path):
     """--policy is repeatable: the later file's mode wins over the strict profile's."""
     relaxed = tmp_path / "relaxed.yaml"
     relaxed.write_text("version: 1\nmode: warn\n")
-    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--lora", "--backend", "flashinfer_cutlass",
-                  "--policy", "configs/profiles/strict.yaml", "--policy", str(relaxed), "--json")
+    run = run_cli(
+        "explain",
+        "--model",
+        NEMOTRON_REL,
+        *H200,
+        "--lora",
+        "--backend",
+        "flashinfer_cutlass",
+        "--policy",
+        "configs/profiles/strict.yaml",
+        "--policy",
+        str(relaxed),
+        "--json",
+    )
     assert run.returncode == 0, run.stderr
     record = run.json()
-    assert (record["mode"], record["outcome"], record["requested"]["origin"]) == ("warn", "overridden", "cli:--backend")
+    assert (record["mode"], record["outcome"], record["requested"]["origin"]) == (
+        "warn",
+        "overridden",
+        "cli:--backend",
+    )
     assert [f["path"] for f in record["policy"]["files"]] == [
-        "configs/default.yaml", "configs/profiles/strict.yaml", str(relaxed)]
+        "configs/default.yaml",
+        "configs/profiles/strict.yaml",
+        str(relaxed),
+    ]
 
 
 def test_rocm_aiter_env_is_honoured_for_a_gated_silu_model():
     """VLLM_ROCM_USE_AITER=1 requests aiter; Mixtral's gated SiLU experts run on it."""
-    run = run_cli("explain", "--model", MIXTRAL, "--platform", "rocm", "--json",
-                  env={"VLLM_ROCM_USE_AITER": "1"})
+    run = run_cli(
+        "explain",
+        "--model",
+        MIXTRAL,
+        "--platform",
+        "rocm",
+        "--json",
+        env={"VLLM_ROCM_USE_AITER": "1"},
+    )
     assert run.returncode == 0, run.stderr
     record = run.json()
     validate_record(record)
@@ -62,15 +109,25 @@ def test_rocm_aiter_env_is_honoured_for_a_gated_silu_model():
 
 def test_rocm_aiter_env_is_overridden_for_non_gated_relu2_experts():
     """Nemotron's relu2 experts are non-gated: aiter cannot run them, Triton does, with a warning."""
-    run = run_cli("explain", "--model", NEMOTRON_REL, "--platform", "rocm", "--json",
-                  env={"VLLM_ROCM_USE_AITER": "1"})
+    run = run_cli(
+        "explain",
+        "--model",
+        NEMOTRON_REL,
+        "--platform",
+        "rocm",
+        "--json",
+        env={"VLLM_ROCM_USE_AITER": "1"},
+    )
     assert run.returncode == 0, run.stderr
     record = run.json()
     validate_record(record)
     assert (record["backend"], record["outcome"]) == ("triton", "overridden")
     [override] = record["overrides"]
     assert (override["requested"], override["reason_code"], override["origin"]) == (
-        "aiter", "non_gated_unsupported", "env:VLLM_ROCM_USE_AITER")
+        "aiter",
+        "non_gated_unsupported",
+        "env:VLLM_ROCM_USE_AITER",
+    )
     assert "moe_policy.request_overridden" in run.event_names()
 
 
@@ -89,7 +146,9 @@ def test_every_bundled_model_gives_a_valid_record(model):
     run = run_cli("explain", "--model", str(Path(MODELS, model).relative_to(REPO)), *H200, "--json")
     record = run.json()
     validate_record(record)
-    assert record["context"]["model.num_experts"]["origin"].startswith(f"file:configs/models/{model}:")
+    assert record["context"]["model.num_experts"]["origin"].startswith(
+        f"file:configs/models/{model}:"
+    )
     expected = EXPECTED_H200.get(model, record["backend"])
     assert record["backend"] == expected
     assert run.returncode == (0 if expected is not None else 4)
@@ -102,8 +161,17 @@ def test_unwritable_audit_log_warns_and_a_required_one_fails(tmp_path):
     assert run.returncode == 0, run.stderr
     [failed] = [e for e in run.events() if e["event"] == "moe_policy.audit_failed"]
     assert (failed["level"], failed["path"]) == ("warning", target)
-    required = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json", "--audit-log", target,
-                       "--set", "audit.required=true")
+    required = run_cli(
+        "explain",
+        "--model",
+        NEMOTRON_REL,
+        *H200,
+        "--json",
+        "--audit-log",
+        target,
+        "--set",
+        "audit.required=true",
+    )
     assert required.returncode == 2
     [error] = required.errors()
     assert error.startswith("moe-policy: error: cli:--audit-log:") and target in error

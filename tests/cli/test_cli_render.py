@@ -11,23 +11,39 @@ from moe_policy.commands.table import table, wrap
 from tests.conftest import MODELS, REPO
 
 SITUATIONS = {
-    "h200-lora-request": ({"MOE_POLICY_BACKEND": "flashinfer_cutlass", "VLLM_MOE_FORCE_MARLIN": "1"},
-                          {"platform": "cuda", "capability": "9.0", "lora": True}),
-    "b200-deepep": ({}, {"platform": "cuda", "capability": "10.0", "ep": True, "tp": 2,
-                         "all2all": "deepep_low_latency"}),
+    "h200-lora-request": (
+        {"MOE_POLICY_BACKEND": "flashinfer_cutlass", "VLLM_MOE_FORCE_MARLIN": "1"},
+        {"platform": "cuda", "capability": "9.0", "lora": True},
+    ),
+    "b200-deepep": (
+        {},
+        {
+            "platform": "cuda",
+            "capability": "10.0",
+            "ep": True,
+            "tp": 2,
+            "all2all": "deepep_low_latency",
+        },
+    ),
     "rocm-aiter": ({"VLLM_ROCM_USE_AITER": "1"}, {"platform": "rocm"}),
 }
 
 
 @pytest.mark.parametrize("situation", sorted(SITUATIONS))
 @pytest.mark.parametrize("model", sorted(p.name for p in Path(MODELS).glob("*.json")))
-def test_report_fits_100_columns_and_names_every_candidate(make_selector, monkeypatch, model, situation):
+def test_report_fits_100_columns_and_names_every_candidate(
+    make_selector, monkeypatch, model, situation
+):
     """Every line <= 100 columns; every backend and every rule id appears."""
     monkeypatch.chdir(REPO)  # repository-relative paths, as a user in the checkout types them
     environ, arguments = SITUATIONS[situation]
     path = str(Path(MODELS, model).relative_to(REPO))
-    selector = make_selector(path, environ=environ, policy_files=["configs/profiles/prefer-trtllm-lora.yaml"],
-                             **arguments)
+    selector = make_selector(
+        path,
+        environ=environ,
+        policy_files=["configs/profiles/prefer-trtllm-lora.yaml"],
+        **arguments,
+    )
     text = render(selector.explain(), path)
     assert max(len(line) for line in text.splitlines()) <= 100
     decision = selector.decide()
@@ -37,7 +53,11 @@ def test_report_fits_100_columns_and_names_every_candidate(make_selector, monkey
 
 def test_wrap_keeps_continuations_of_indented_lines_indented():
     """A wrapped `beat` line continues under itself, plain text wraps flush."""
-    assert wrap("  beat strict (file:configs/profiles/strict.yaml:5:7)", 20).splitlines()[1].startswith("    ")
+    assert (
+        wrap("  beat strict (file:configs/profiles/strict.yaml:5:7)", 20)
+        .splitlines()[1]
+        .startswith("    ")
+    )
     assert wrap("one two three four", 9) == "one two\nthree\nfour"
 
 

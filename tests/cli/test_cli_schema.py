@@ -78,13 +78,23 @@ def test_schema_covers_exactly_the_fields_to_dict_writes(record):
     [
         (lambda r: r.update(extra=1), "unknown top-level field"),
         (lambda r: r["candidates"][0].update(note="x"), "unknown candidate field"),
-        (lambda r: r["overrides"][0].update(reason_code="no_reason"), "reason code outside the set"),
+        (
+            lambda r: r["overrides"][0].update(reason_code="no_reason"),
+            "reason code outside the set",
+        ),
         (lambda r: r.update(schema_version=2), "another schema version"),
         (lambda r: r.update(overrides=[]), "overridden without an override entry"),
-        (lambda r: r["context"].update({"model.experts": {"value": 1, "origin": "api"}}), "unknown context key"),
+        (
+            lambda r: r["context"].update({"model.experts": {"value": 1, "origin": "api"}}),
+            "unknown context key",
+        ),
         (lambda r: r["context"]["platform"].update(origin="somewhere"), "origin of no known kind"),
-        (lambda r: next(c for c in r["candidates"] if c["status"] == "eliminated").update(reason_code=None),
-         "elimination without a reason code"),
+        (
+            lambda r: next(c for c in r["candidates"] if c["status"] == "eliminated").update(
+                reason_code=None
+            ),
+            "elimination without a reason code",
+        ),
     ],
 )
 def test_invalid_records_are_rejected(record, mutate, why):

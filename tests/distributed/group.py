@@ -26,7 +26,9 @@ from scenarios import SCENARIOS, run_scenario, simulate_hosts
 DEVICE_MODES = ("local_rank", "set_device", "bound")
 
 
-def _init(rank: int, world: int, backend: str, init_file: str, device_mode: str, pg_timeout: float) -> dict[str, Any]:
+def _init(
+    rank: int, world: int, backend: str, init_file: str, device_mode: str, pg_timeout: float
+) -> dict[str, Any]:
     """Join the group; for NCCL, place the rank on a GPU the way ``device_mode`` says."""
     import torch
     import torch.distributed as dist
@@ -41,13 +43,28 @@ def _init(rank: int, world: int, backend: str, init_file: str, device_mode: str,
         elif device_mode == "bound":
             kwargs["device_id"] = torch.device("cuda", device)
         info["expected_device"] = device
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=pg_timeout), **kwargs)
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=pg_timeout),
+        **kwargs,
+    )
     return info
 
 
-def worker(rank: int, world: int, backend: str, init_file: str, out: str, names: Sequence[str],
-           sim_hosts: bool, device_mode: str, pg_timeout: float) -> None:
+def worker(
+    rank: int,
+    world: int,
+    backend: str,
+    init_file: str,
+    out: str,
+    names: Sequence[str],
+    sim_hosts: bool,
+    device_mode: str,
+    pg_timeout: float,
+) -> None:
     """One rank: join, run every scenario in order, write ``rank<N>.json``, leave."""
     import torch
     import torch.distributed as dist
@@ -62,15 +79,25 @@ def worker(rank: int, world: int, backend: str, init_file: str, out: str, names:
         try:
             result = run_scenario(name, rank, world, out_dir)
         except Exception:  # recorded; the other ranks' next collective then times out
-            result = {"scenario": name, "rank": rank, "raised": "crash", "message": traceback.format_exc()}
+            result = {
+                "scenario": name,
+                "rank": rank,
+                "raised": "crash",
+                "message": traceback.format_exc(),
+            }
         result["seconds"] = time.perf_counter() - started
         results.append(result)
     if backend == "nccl":
         from moe_policy.distributed import nccl_device
 
-        info.update(chosen_device=nccl_device(dist, torch, None), current_device=torch.cuda.current_device(),
-                    device_name=torch.cuda.get_device_name(info["expected_device"]))
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({"info": info, "results": results}, default=str))
+        info.update(
+            chosen_device=nccl_device(dist, torch, None),
+            current_device=torch.cuda.current_device(),
+            device_name=torch.cuda.get_device_name(info["expected_device"]),
+        )
+    (out_dir / f"rank{rank}.json").write_text(
+        json.dumps({"info": info, "results": results}, default=str)
+    )
     if backend == "nccl":  # name the device: in local_rank mode nothing else says which it is
         dist.barrier(device_ids=[info["expected_device"]])
     else:
@@ -78,8 +105,17 @@ def worker(rank: int, world: int, backend: str, init_file: str, out: str, names:
     dist.destroy_process_group()
 
 
-def spawn_group(backend: str, world: int, out: Path, names: Sequence[str], *, sim_hosts: bool = False,
-                device_mode: str = "local_rank", timeout: float = 120.0, pg_timeout: float = 30.0) -> list[dict[str, Any]]:
+def spawn_group(
+    backend: str,
+    world: int,
+    out: Path,
+    names: Sequence[str],
+    *,
+    sim_hosts: bool = False,
+    device_mode: str = "local_rank",
+    timeout: float = 120.0,
+    pg_timeout: float = 30.0,
+) -> list[dict[str, Any]]:
     """Run the scenarios on ``world`` spawned ranks; returns each rank's file (kills all on timeout)."""
     import torch.multiprocessing as mp
 
@@ -88,14 +124,28 @@ def spawn_group(backend: str, world: int, out: Path, names: Sequence[str], *, si
     if init_file.exists():
         init_file.unlink()
     ctx = mp.start_processes(
-        worker, args=(world, backend, str(init_file), str(out), list(names), sim_hosts, device_mode, pg_timeout),
-        nprocs=world, join=False, start_method="spawn",
+        worker,
+        args=(
+            world,
+            backend,
+            str(init_file),
+            str(out),
+            list(names),
+            sim_hosts,
+            device_mode,
+            pg_timeout,
+        ),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
     )
     deadline = time.monotonic() + timeout
     try:
         while not ctx.join(timeout=0.5):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{backend} group of {world} did not finish within {timeout:.0f} s")
+                raise TimeoutError(
+                    f"{backend} group of {world} did not finish within {timeout:.0f} s"
+                )
     finally:
         for proc in ctx.processes:
             if proc.is_alive():
@@ -115,8 +165,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--pg-timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
-    spawn_group(args.backend, args.nproc, args.out, args.scenarios.split(","), sim_hosts=args.simulate_hosts,
-                device_mode=args.device_mode, timeout=args.timeout, pg_timeout=args.pg_timeout)
+    spawn_group(
+        args.backend,
+        args.nproc,
+        args.out,
+        args.scenarios.split(","),
+        sim_hosts=args.simulate_hosts,
+        device_mode=args.device_mode,
+        timeout=args.timeout,
+        pg_timeout=args.pg_timeout,
+    )
     return 0
 
 

@@ -37,8 +37,10 @@ def _device_problems(ranks: list[dict[str, Any]], mode: str) -> list[str]:
     for r, data in enumerate(ranks):
         info = data["info"]
         if info["chosen_device"] != info["expected_device"]:
-            problems.append(f"rank {r}: object collective on cuda:{info['chosen_device']}, "
-                            f"expected cuda:{info['expected_device']}")
+            problems.append(
+                f"rank {r}: object collective on cuda:{info['chosen_device']}, "
+                f"expected cuda:{info['expected_device']}"
+            )
         if mode == "local_rank" and info["current_device"] != 0:
             problems.append(f"rank {r}: current device changed to {info['current_device']}")
     return problems
@@ -49,34 +51,54 @@ def run_mode(backend: str, mode: str, world: int, out: Path, timeout: float) -> 
     names = [n for n in SCENARIOS if world > 1 or n not in MULTI_RANK]
     started = time.perf_counter()
     try:
-        ranks = spawn_group(backend, world, out, names, device_mode=mode, timeout=timeout, pg_timeout=120)
+        ranks = spawn_group(
+            backend, world, out, names, device_mode=mode, timeout=timeout, pg_timeout=120
+        )
     except Exception:
-        return {"error": traceback.format_exc(), "scenarios": {n: {"status": "FAIL"} for n in names}}
+        return {
+            "error": traceback.format_exc(),
+            "scenarios": {n: {"status": "FAIL"} for n in names},
+        }
     scenarios: dict[str, Any] = {}
     for name in SCENARIOS:
         if name not in names:
-            scenarios[name] = {"status": "SKIP", "problems": [f"needs 2 ranks or more (have {world})"]}
+            scenarios[name] = {
+                "status": "SKIP",
+                "problems": [f"needs 2 ranks or more (have {world})"],
+            }
             continue
         per_rank = [next(r for r in data["results"] if r["scenario"] == name) for data in ranks]
         problems = verify(name, per_rank, world, out)
-        scenarios[name] = {"status": "FAIL" if problems else "PASS", "problems": problems,
-                           "seconds": max(r["seconds"] for r in per_rank),
-                           "message": per_rank[0]["message"]}
+        scenarios[name] = {
+            "status": "FAIL" if problems else "PASS",
+            "problems": problems,
+            "seconds": max(r["seconds"] for r in per_rank),
+            "message": per_rank[0]["message"],
+        }
     if backend == "nccl":
         device = _device_problems(ranks, mode)
         scenarios["device_placement"] = {"status": "FAIL" if device else "PASS", "problems": device}
-    return {"seconds": time.perf_counter() - started, "scenarios": scenarios,
-            "ranks": [data["info"] for data in ranks]}
+    return {
+        "seconds": time.perf_counter() - started,
+        "scenarios": scenarios,
+        "ranks": [data["info"] for data in ranks],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every requested device mode, print PASS/FAIL lines, write results.json."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for results.json and per-rank files")
-    parser.add_argument("--nproc", type=int, default=None, help="processes (default: one per visible GPU)")
+    parser.add_argument(
+        "--nproc", type=int, default=None, help="processes (default: one per visible GPU)"
+    )
     parser.add_argument("--device-modes", default=",".join(DEVICE_MODES))
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per group before it is killed")
-    parser.add_argument("--backend", default="nccl", choices=("nccl", "gloo"), help="gloo: CPU rehearsal")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds per group before it is killed"
+    )
+    parser.add_argument(
+        "--backend", default="nccl", choices=("nccl", "gloo"), help="gloo: CPU rehearsal"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -89,10 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     version = torch.cuda.nccl.version() if nccl else None
     summary: dict[str, Any] = {
-        "backend": args.backend, "world": world, "host": socket.gethostname(),
-        "python": platform.python_version(), "torch": torch.__version__,
+        "backend": args.backend,
+        "world": world,
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
         "nccl": ".".join(map(str, version)) if isinstance(version, tuple) else version,
-        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if nccl else [],
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if nccl
+        else [],
         "modes": {},
     }
     failed = False
@@ -105,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, status in result["scenarios"].items():
             failed |= status["status"] == "FAIL"
             detail = "; ".join(status.get("problems", []))
-            print(f"{status['status']:<4} {args.backend}[{mode}] {name} ({world} ranks)"
-                  f"{': ' + detail if detail else ''}")
+            print(
+                f"{status['status']:<4} {args.backend}[{mode}] {name} ({world} ranks)"
+                f"{': ' + detail if detail else ''}"
+            )
     summary["passed"] = not failed
     (args.out / "results.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"{'PASS' if not failed else 'FAIL'}: wrote {args.out / 'results.json'}")

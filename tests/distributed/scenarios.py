@@ -30,12 +30,19 @@ DRAFT_INDEX = 8
 def _selector(environ: Mapping[str, str], packages: Sequence[str]) -> Any:
     from moe_policy import PlatformFacts, Selector
 
-    return Selector(MODEL, environ=dict(environ),
-                    platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", tuple(packages)))
+    return Selector(
+        MODEL,
+        environ=dict(environ),
+        platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", tuple(packages)),
+    )
 
 
-def _decisions(environ: Mapping[str, str] | None = None, packages: Sequence[str] = ALL_PACKAGES,
-               layers: Sequence[int] = LAYERS, draft: bool = True) -> list[Any]:
+def _decisions(
+    environ: Mapping[str, str] | None = None,
+    packages: Sequence[str] = ALL_PACKAGES,
+    layers: Sequence[int] = LAYERS,
+    draft: bool = True,
+) -> list[Any]:
     selector = _selector(environ or {}, packages)
     out = [selector.select(i) for i in layers]
     if draft:
@@ -103,12 +110,26 @@ def bad_mode(rank: int, world: int, _out: Path) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[[int, int, Path], dict[str, Any]]] = {
-    "agree": agree, "env_backend": env_backend, "packages": packages, "pipeline": pipeline,
-    "warn": warn, "mixed_mode": mixed_mode, "inputs_differ": inputs_differ, "audited": audited,
+    "agree": agree,
+    "env_backend": env_backend,
+    "packages": packages,
+    "pipeline": pipeline,
+    "warn": warn,
+    "mixed_mode": mixed_mode,
+    "inputs_differ": inputs_differ,
+    "audited": audited,
     "bad_mode": bad_mode,
 }
 #: Scenarios that need two ranks or more to mean anything.
-MULTI_RANK = ("env_backend", "packages", "pipeline", "warn", "mixed_mode", "inputs_differ", "bad_mode")
+MULTI_RANK = (
+    "env_backend",
+    "packages",
+    "pipeline",
+    "warn",
+    "mixed_mode",
+    "inputs_differ",
+    "bad_mode",
+)
 
 
 def run_scenario(name: str, rank: int, world: int, out: Path, group: Any = None) -> dict[str, Any]:
@@ -122,16 +143,24 @@ def run_scenario(name: str, rank: int, world: int, out: Path, group: Any = None)
     with structlog.testing.capture_logs() as events:
         setup = SCENARIOS[name](rank, world, out)
         try:
-            report = check_agreement(setup["decisions"], group, audit=setup.get("audit"), mode=setup.get("mode"))
+            report = check_agreement(
+                setup["decisions"], group, audit=setup.get("audit"), mode=setup.get("mode")
+            )
             result["report"] = report.to_dict()
             result["message"] = report.message
         except DecisionMismatchError as exc:
             result.update(raised=type(exc).__name__, message=str(exc), report=exc.report.to_dict())
         except MoEPolicyError as exc:
             result.update(raised=type(exc).__name__, message=str(exc))
-    keep = ("moe_policy.agreement", "moe_policy.decision_mismatch", "moe_policy.decision_inputs_differ",
-            "moe_policy.audit_failed")
-    result["events"] = json.loads(json.dumps([e for e in events if e.get("event") in keep], default=str))
+    keep = (
+        "moe_policy.agreement",
+        "moe_policy.decision_mismatch",
+        "moe_policy.decision_inputs_differ",
+        "moe_policy.audit_failed",
+    )
+    result["events"] = json.loads(
+        json.dumps([e for e in events if e.get("event") in keep], default=str)
+    )
     return result
 
 
@@ -143,7 +172,9 @@ def simulate_hosts(rank: int, world: int) -> None:
     distributed.hostname = lambda: name  # type: ignore[assignment]
 
 
-def verify(name: str, results: Sequence[Mapping[str, Any]], world: int, out: Path | None = None) -> list[str]:
+def verify(
+    name: str, results: Sequence[Mapping[str, Any]], world: int, out: Path | None = None
+) -> list[str]:
     """Problems with one scenario's per-rank results (empty: PASS); used by run_nccl.py."""
     problems: list[str] = []
     last = world - 1
@@ -159,14 +190,18 @@ def verify(name: str, results: Sequence[Mapping[str, Any]], world: int, out: Pat
     if expect_error and len(messages) != 1:
         problems.append("ranks raised different messages")
     text = next(iter(messages)) or ""
-    if name == "env_backend" and (f"rank {last}" not in text or "env:MOE_POLICY_BACKEND" not in text):
+    if name == "env_backend" and (
+        f"rank {last}" not in text or "env:MOE_POLICY_BACKEND" not in text
+    ):
         problems.append(f"message does not name rank {last} and env:MOE_POLICY_BACKEND: {text}")
     if name == "packages" and ("`packages`" not in text or "lacking flashinfer" not in text):
         problems.append(f"message does not name packages lacking flashinfer: {text}")
     if name == "warn":
         for r in results:
-            if not any(e["event"] == "moe_policy.decision_mismatch" and e["log_level"] == "warning"
-                       for e in r["events"]):
+            if not any(
+                e["event"] == "moe_policy.decision_mismatch" and e["log_level"] == "warning"
+                for e in r["events"]
+            ):
                 problems.append(f"rank {r['rank']}: no moe_policy.decision_mismatch warning event")
     if name in ("agree", "pipeline", "audited"):
         for r in results:
@@ -194,7 +229,9 @@ def _verify_audit(path: Path, world: int) -> list[str]:
         return [f"audit log unreadable: {exc}"]
     records = [r for r in lines if r.get("kind") == "agreement"]
     if sorted(r["rank"] for r in records) != list(range(world)):
-        return [f"agreement audit lines for ranks {sorted(r['rank'] for r in records)}, expected 0..{world - 1}"]
+        return [
+            f"agreement audit lines for ranks {sorted(r['rank'] for r in records)}, expected 0..{world - 1}"
+        ]
     if any(r["world_size"] != world or r["agreed"] is not True for r in records):
         return ["agreement audit lines carry the wrong world size or outcome"]
     return []

@@ -20,15 +20,24 @@ MODEL = str(Path(__file__).resolve().parents[2] / "configs" / "models" / "qwen3-
 FULL = ("flashinfer", "torch", "triton")
 
 
-def _decisions(environ: dict[str, str] | None = None, packages: Sequence[str] = FULL,
-               layers: Sequence[int] = range(4)) -> list[Any]:
-    sel = Selector(MODEL, environ=environ or {},
-                   platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", tuple(packages)))
+def _decisions(
+    environ: dict[str, str] | None = None,
+    packages: Sequence[str] = FULL,
+    layers: Sequence[int] = range(4),
+) -> list[Any]:
+    sel = Selector(
+        MODEL,
+        environ=environ or {},
+        platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", tuple(packages)),
+    )
     return [sel.decide(i) for i in layers]
 
 
 def _summaries(per_rank: Sequence[list[Any]], hosts: Sequence[str]) -> list[dict[str, Any]]:
-    return [rank_summary(d, rank=r, host=hosts[r], mode=local_mode(d, None)) for r, d in enumerate(per_rank)]
+    return [
+        rank_summary(d, rank=r, host=hosts[r], mode=local_mode(d, None))
+        for r, d in enumerate(per_rank)
+    ]
 
 
 def test_ranks_compress_into_ranges_per_host():
@@ -51,17 +60,25 @@ def test_eight_ranks_two_hosts_names_the_host_lacking_flashinfer():
     [mismatch] = report.mismatches
     assert mismatch.layers == (("moe", 0), ("moe", 1), ("moe", 2), ("moe", 3))
     assert [(s.backend, s.ranks) for s in mismatch.sides] == [
-        ("flashinfer_trtllm", (0, 1, 2, 3)), ("triton", (4, 5, 6, 7))]
+        ("flashinfer_trtllm", (0, 1, 2, 3)),
+        ("triton", (4, 5, 6, 7)),
+    ]
     [packages] = mismatch.differences
     assert packages.key == "packages"
-    assert packages.values[1].ranks == (4, 5, 6, 7) and packages.values[1].lacking == ("flashinfer",)
+    assert packages.values[1].ranks == (4, 5, 6, 7) and packages.values[1].lacking == (
+        "flashinfer",
+    )
     assert "ranks 4–7 (host-b), lacking flashinfer" in report.message
     assert "layers moe 0–3" in report.message
 
 
 def test_layers_are_compared_only_among_ranks_that_hold_them():
     """Pipeline stages with disjoint layer ranges never disagree, whatever their inputs."""
-    per_rank = [_decisions(layers=range(4)), [], _decisions(packages=("torch", "triton"), layers=range(4, 8))]
+    per_rank = [
+        _decisions(layers=range(4)),
+        [],
+        _decisions(packages=("torch", "triton"), layers=range(4, 8)),
+    ]
     report = compare_summaries(_summaries(per_rank, ["a", "a", "b"]), rank=1)
     assert report.agreed
     assert (report.layers, report.shared_layers, report.ranks_without_layers) == (8, 0, (1,))
@@ -70,8 +87,10 @@ def test_layers_are_compared_only_among_ranks_that_hold_them():
 def test_a_policy_rule_on_one_rank_is_named_with_its_file(tmp_path: Path):
     """A rule present on one rank only is a named difference (``rule <id>``, with its file)."""
     policy = tmp_path / "prefer.yaml"
-    policy.write_text("rules:\n  - {id: prefer-cutlass, effect: prefer, backends: [flashinfer_cutlass], "
-                      "reason: test}\n")
+    policy.write_text(
+        "rules:\n  - {id: prefer-cutlass, effect: prefer, backends: [flashinfer_cutlass], "
+        "reason: test}\n"
+    )
     plain = _decisions()
     ruled = _decisions({"MOE_POLICY_FILES": str(policy)})
     report = compare_summaries(_summaries([plain, ruled], ["a", "a"]), rank=0)
@@ -142,9 +161,13 @@ def test_nccl_device_prefers_bound_then_set_then_local_rank(monkeypatch):
     from moe_policy.distributed import nccl_device
 
     def fakes(bound: int | None, current: int) -> tuple[Any, Any]:
-        group = SimpleNamespace(bound_device_id=None if bound is None else SimpleNamespace(index=bound))
+        group = SimpleNamespace(
+            bound_device_id=None if bound is None else SimpleNamespace(index=bound)
+        )
         dist = SimpleNamespace(group=SimpleNamespace(WORLD=group))
-        torch = SimpleNamespace(cuda=SimpleNamespace(current_device=lambda: current, device_count=lambda: 4))
+        torch = SimpleNamespace(
+            cuda=SimpleNamespace(current_device=lambda: current, device_count=lambda: 4)
+        )
         return dist, torch
 
     monkeypatch.setenv("LOCAL_RANK", "6")
@@ -165,7 +188,12 @@ def test_agreement_record_follows_the_audit_settings(tmp_path: Path):
     with structlog.testing.capture_logs():
         check_agreement(_decisions({"MOE_POLICY_AUDIT_LOG": str(log)}))
     [record] = [json.loads(line) for line in log.read_text().splitlines()]
-    assert (record["kind"], record["rank"], record["world_size"], record["agreed"]) == ("agreement", 0, 1, True)
+    assert (record["kind"], record["rank"], record["world_size"], record["agreed"]) == (
+        "agreement",
+        0,
+        1,
+        True,
+    )
     assert record["local_mode"] == {"value": "error", "origin": record["local_mode"]["origin"]}
     unwritable = {"MOE_POLICY_AUDIT_LOG": str(tmp_path), "MOE_POLICY_AUDIT_REQUIRED": "1"}
     with structlog.testing.capture_logs(), pytest.raises(AuditWriteError):

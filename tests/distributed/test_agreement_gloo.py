@@ -28,10 +28,29 @@ GROUP_TIMEOUT = 150
 
 
 def _run_group(out: Path) -> None:
-    cmd = [sys.executable, str(HERE / "group.py"), "--backend", "gloo", "--nproc", str(WORLD),
-           "--out", str(out), "--simulate-hosts", "--timeout", str(GROUP_TIMEOUT - 10), "--pg-timeout", "30"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=HERE.parents[1])
+    cmd = [
+        sys.executable,
+        str(HERE / "group.py"),
+        "--backend",
+        "gloo",
+        "--nproc",
+        str(WORLD),
+        "--out",
+        str(out),
+        "--simulate-hosts",
+        "--timeout",
+        str(GROUP_TIMEOUT - 10),
+        "--pg-timeout",
+        "30",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        cwd=HERE.parents[1],
+    )
     try:
         output, _ = proc.communicate(timeout=GROUP_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -93,10 +112,14 @@ def test_env_backend_on_rank_3_fails_every_rank_naming_rank_3(results):
     assert "env:MOE_POLICY_BACKEND" in message
     mismatch = outcomes[0]["report"]["mismatches"][0]
     assert [(s["backend"], s["ranks"]) for s in mismatch["sides"]] == [
-        ("flashinfer_trtllm", [0, 1, 2]), ("triton", [3])]
+        ("flashinfer_trtllm", [0, 1, 2]),
+        ("triton", [3]),
+    ]
     [request] = [d for d in mismatch["differences"] if d["key"] == "request"]
     assert [(v["value"], v["ranks"], v["origins"]) for v in request["values"]] == [
-        (None, [0, 1, 2], []), ("triton", [3], ["env:MOE_POLICY_BACKEND"])]
+        (None, [0, 1, 2], []),
+        ("triton", [3], ["env:MOE_POLICY_BACKEND"]),
+    ]
 
 
 def test_host_without_flashinfer_is_named_by_packages(results):
@@ -161,6 +184,8 @@ def test_outcome_is_audited_once_per_rank(results, group_dir):
     records = [x for x in lines if x.get("kind") == "agreement"]
     assert sorted(x["rank"] for x in records) == list(range(WORLD))
     for record in records:
-        assert record["world_size"] == WORLD and record["agreed"] is True and record["mode"] == "error"
+        assert (
+            record["world_size"] == WORLD and record["agreed"] is True and record["mode"] == "error"
+        )
         assert {"timestamp", "host", "pid", "layers", "mismatched_layers"} <= set(record)
     assert any(x.get("kind") is None for x in lines)  # the decisions themselves are audited too

@@ -21,11 +21,19 @@ MODEL = str(REPO / "configs" / "models" / "qwen3-30b-a3b.json")
 FULL = ("flashinfer", "torch", "triton")
 
 
-def _audit_log(path: Path, environ: dict[str, str] | None = None, packages: tuple[str, ...] = FULL,
-               layers: range = range(4), repeats: int = 2) -> Path:
+def _audit_log(
+    path: Path,
+    environ: dict[str, str] | None = None,
+    packages: tuple[str, ...] = FULL,
+    layers: range = range(4),
+    repeats: int = 2,
+) -> Path:
     """Write an audit log the way an engine does: every layer selected ``repeats`` times."""
-    sel = Selector(MODEL, environ={"MOE_POLICY_AUDIT_LOG": str(path), **(environ or {})},
-                   platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", packages))
+    sel = Selector(
+        MODEL,
+        environ={"MOE_POLICY_AUDIT_LOG": str(path), **(environ or {})},
+        platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", packages),
+    )
     with structlog.testing.capture_logs():  # keep the decision events off stdout
         for _ in range(repeats):
             for i in layers:
@@ -35,7 +43,9 @@ def _audit_log(path: Path, environ: dict[str, str] | None = None, packages: tupl
 
 def _record(path: Path, environ: dict[str, str] | None = None, layer: int | None = None) -> Path:
     """An ``explain --json``-style record: one indented JSON document."""
-    sel = Selector(MODEL, environ=environ or {}, platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", FULL))
+    sel = Selector(
+        MODEL, environ=environ or {}, platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", FULL)
+    )
     path.write_text(json.dumps(sel.decide(layer).to_dict(), indent=2))
     return path
 
@@ -44,7 +54,9 @@ def _run(a: Path, b: Path, *, as_json: bool = True, shared_only: bool = False) -
     return diff.run(argparse.Namespace(a=str(a), b=str(b), json=as_json, shared_only=shared_only))
 
 
-def _json(capsys: pytest.CaptureFixture[str], a: Path, b: Path, **kw: Any) -> tuple[int, dict[str, Any]]:
+def _json(
+    capsys: pytest.CaptureFixture[str], a: Path, b: Path, **kw: Any
+) -> tuple[int, dict[str, Any]]:
     code = _run(a, b, **kw)
     return code, json.loads(capsys.readouterr().out)
 
@@ -61,7 +73,9 @@ def test_identical_logs_exit_0(tmp_path: Path, capsys):
 def test_differing_logs_name_each_key_value_and_origin(tmp_path: Path, capsys):
     """Host B lacks flashinfer and sets MOE_POLICY_BACKEND: backend, packages and request differ."""
     a = _audit_log(tmp_path / "a.jsonl")
-    b = _audit_log(tmp_path / "b.jsonl", {"MOE_POLICY_BACKEND": "triton"}, packages=("torch", "triton"))
+    b = _audit_log(
+        tmp_path / "b.jsonl", {"MOE_POLICY_BACKEND": "triton"}, packages=("torch", "triton")
+    )
     code, result = _json(capsys, a, b)
     assert code == 1 and result["identical"] is False
     [group] = result["differences"]
@@ -72,7 +86,10 @@ def test_differing_logs_name_each_key_value_and_origin(tmp_path: Path, capsys):
     assert d["context"]["packages"]["a"] == {"value": list(FULL), "origin": "probe"}
     assert d["context"]["packages"]["b"]["value"] == ["torch", "triton"]
     assert set(d["context"]) == {"packages"}
-    assert d["request"] == {"a": None, "b": {"backend": "triton", "origin": "env:MOE_POLICY_BACKEND"}}
+    assert d["request"] == {
+        "a": None,
+        "b": {"backend": "triton", "origin": "env:MOE_POLICY_BACKEND"},
+    }
 
 
 def test_human_output_shows_both_sides(tmp_path: Path, capsys):
@@ -89,13 +106,17 @@ def test_human_output_shows_both_sides(tmp_path: Path, capsys):
 def test_policy_files_and_rules_differ(tmp_path: Path, capsys):
     """A policy file on one side shows its hash and the rule it adds."""
     policy = tmp_path / "p.yaml"
-    policy.write_text("rules:\n  - {id: prefer-cutlass, effect: prefer, backends: [flashinfer_cutlass], reason: r}\n")
+    policy.write_text(
+        "rules:\n  - {id: prefer-cutlass, effect: prefer, backends: [flashinfer_cutlass], reason: r}\n"
+    )
     a = _record(tmp_path / "a.json")
     b = _record(tmp_path / "b.json", {"MOE_POLICY_FILES": str(policy)})
     code, result = _json(capsys, a, b)
     d = result["differences"][0]["differences"]
     assert code == 1
-    assert [f["path"] for f in d["policy_files"]["b"]] == [f["path"] for f in d["policy_files"]["a"]] + [str(policy)]
+    assert [f["path"] for f in d["policy_files"]["b"]] == [
+        f["path"] for f in d["policy_files"]["a"]
+    ] + [str(policy)]
     assert d["rules"]["prefer-cutlass"]["a"] is None
     assert d["rules"]["prefer-cutlass"]["b"]["origin"].startswith(f"file:{policy}")
 
@@ -117,7 +138,10 @@ def test_layers_on_one_side_only(tmp_path: Path, capsys):
     b = _audit_log(tmp_path / "b.jsonl", layers=range(2, 6))
     code, result = _json(capsys, a, b)
     assert code == 1
-    assert result["only_in_a"] == [["moe", 0], ["moe", 1]] and result["only_in_b"] == [["moe", 4], ["moe", 5]]
+    assert result["only_in_a"] == [["moe", 0], ["moe", 1]] and result["only_in_b"] == [
+        ["moe", 4],
+        ["moe", 5],
+    ]
     assert _json(capsys, a, b, shared_only=True)[0] == 0
 
 
@@ -133,8 +157,11 @@ def test_agreement_lines_are_skipped(tmp_path: Path, capsys):
 
 @pytest.mark.parametrize(
     ("bad_line", "problem"),
-    [('{"not": "a record"}', "not a decision record (missing"), ("not json", "not JSON"),
-     ("[1]", "not a decision record (a JSON list)")],
+    [
+        ('{"not": "a record"}', "not a decision record (missing"),
+        ("not json", "not JSON"),
+        ("[1]", "not a decision record (a JSON list)"),
+    ],
 )
 def test_bad_line_exits_2_naming_file_and_line(tmp_path: Path, capsys, bad_line: str, problem: str):
     """A line that is not a decision record is exit 2 with ``file:line`` on stderr."""
@@ -162,6 +189,8 @@ def test_console_script(tmp_path: Path):
         pytest.skip("console script not installed")
     a = _audit_log(tmp_path / "a.jsonl")
     b = _audit_log(tmp_path / "b.jsonl", packages=("torch", "triton"))
-    out = subprocess.run([str(script), "diff", str(a), str(b), "--json"], capture_output=True, text=True)
+    out = subprocess.run(
+        [str(script), "diff", str(a), str(b), "--json"], capture_output=True, text=True
+    )
     assert out.returncode == 1, out.stderr
     assert json.loads(out.stdout)["differences"][0]["differences"]["backend"]["b"] == "triton"

@@ -13,14 +13,24 @@ from moe_policy.context import CONTEXT_KEYS
 REPO = Path(__file__).resolve().parents[2]
 MODEL = str(REPO / "configs" / "models" / "qwen3-30b-a3b.json")
 FULL = ("flashinfer", "torch", "triton")
-RULE = "rules:\n  - {id: prefer-cutlass, effect: prefer, backends: [flashinfer_cutlass], reason: r}\n"
+RULE = (
+    "rules:\n  - {id: prefer-cutlass, effect: prefer, backends: [flashinfer_cutlass], reason: r}\n"
+)
 
 
-def _fingerprint(environ: dict[str, str] | None = None, packages: tuple[str, ...] = FULL,
-                 policy_files: list[str] | None = None, layer: int = 3) -> str:
+def _fingerprint(
+    environ: dict[str, str] | None = None,
+    packages: tuple[str, ...] = FULL,
+    policy_files: list[str] | None = None,
+    layer: int = 3,
+) -> str:
     """A dry-run B200 decision's fingerprint; every input not named here is pinned."""
-    sel = Selector(MODEL, environ=environ or {}, policy_files=policy_files,
-                   platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", packages))
+    sel = Selector(
+        MODEL,
+        environ=environ or {},
+        policy_files=policy_files,
+        platform=PlatformFacts("cuda", "10.0", "NVIDIA B200", packages),
+    )
     return sel.decide(layer).fingerprint
 
 
@@ -32,8 +42,14 @@ def test_only_layer_index_is_rank_local():
 
 def test_rank_host_and_launcher_variables_do_not_enter():
     """RANK, LOCAL_RANK, WORLD_SIZE, HOSTNAME, MASTER_ADDR differ per rank and change nothing."""
-    launcher = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "HOSTNAME": "host-b",
-                "MASTER_ADDR": "10.0.0.1", "CUDA_VISIBLE_DEVICES": "1"}
+    launcher = {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "HOSTNAME": "host-b",
+        "MASTER_ADDR": "10.0.0.1",
+        "CUDA_VISIBLE_DEVICES": "1",
+    }
     assert _fingerprint(launcher) == _fingerprint({})
 
 
@@ -63,8 +79,14 @@ def test_another_process_at_another_time_gets_the_same_fingerprint():
         "import json, sys; sys.path.insert(0, sys.argv[1]); "
         "from test_rank_local_fingerprint import _fingerprint; print(json.dumps(_fingerprint()))"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
-                         text=True, check=True, cwd=REPO, env={"PYTHONHASHSEED": "123", "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={"PYTHONHASHSEED": "123", "PATH": ""},
+    )
     assert json.loads(out.stdout) == _fingerprint()
 
 

@@ -21,10 +21,16 @@ def make_weights(cfg: ExpertsConfig, dtype: torch.dtype, device: str, seed: int 
     e, n1, h, i = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
 
     def rnd(*shape: int, scale: float) -> torch.Tensor:
-        return (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * scale).to(dtype)
+        return (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * scale).to(
+            dtype
+        )
 
-    w = {"w13": rnd(e, n1, h, scale=h**-0.5), "w2": rnd(e, h, i, scale=i**-0.5),
-         "w13_bias": None, "w2_bias": None}
+    w = {
+        "w13": rnd(e, n1, h, scale=h**-0.5),
+        "w2": rnd(e, h, i, scale=i**-0.5),
+        "w13_bias": None,
+        "w2_bias": None,
+    }
     if cfg.has_bias:
         w["w13_bias"] = rnd(e, n1, scale=0.2)
         w["w2_bias"] = rnd(e, h, scale=0.2)
@@ -46,9 +52,16 @@ def make_lora(
     is loaded with non-zero weights and then disabled, so it must be ignored."""
     g = torch.Generator(device=device).manual_seed(seed)
     e, h, i, s = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.num_lora_slices
-    ad = MoELoRAAdapters.allocate(num_slots=num_slots, num_experts=e, hidden_size=h,
-                                  intermediate_size=i, max_rank=max_rank, num_slices=s,
-                                  dtype=dtype, device=device)
+    ad = MoELoRAAdapters.allocate(
+        num_slots=num_slots,
+        num_experts=e,
+        hidden_size=h,
+        intermediate_size=i,
+        max_rank=max_rank,
+        num_slices=s,
+        dtype=dtype,
+        device=device,
+    )
 
     def rnd(*shape: int, scale: float) -> torch.Tensor:
         return (torch.randn(shape, generator=g, device=device) * scale).to(dtype)
@@ -67,7 +80,9 @@ def make_lora(
     return ad
 
 
-def skewed_routing(t: int, e: int, k: int, device: str, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def skewed_routing(
+    t: int, e: int, k: int, device: str, seed: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Every token's first slot is expert 1 (full: count == T), expert 0 gets nothing,
     the other slots are distinct random experts in 2..E-1."""
     g = torch.Generator().manual_seed(seed)

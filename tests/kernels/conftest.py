@@ -21,4 +21,3 @@ if not ON_GPU:
 @pytest.fixture
 def device() -> str:
     return "cuda" if ON_GPU else "cpu"
-

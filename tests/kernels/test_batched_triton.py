@@ -62,14 +62,22 @@ def _reference_cases() -> list:
     d0, d1 = dtypes_for_device()
     cases = [(*a, d, False) for a in ACTIVATIONS for d in (d0, d1)]
     cases += [(*a, d0, True) for a in ACTIVATIONS] + [("silu", True, False, d1, True)]
-    return [pytest.param(*c, id=f"{c[0]}-{'gated' if c[1] else 'nongated'}"
-                         f"{'-bias' if c[2] else ''}-{str(c[3])[6:]}-{'lora' if c[4] else 'base'}")
-            for c in cases]
+    return [
+        pytest.param(
+            *c,
+            id=f"{c[0]}-{'gated' if c[1] else 'nongated'}"
+            f"{'-bias' if c[2] else ''}-{str(c[3])[6:]}-{'lora' if c[4] else 'base'}",
+        )
+        for c in cases
+    ]
 
 
-@pytest.mark.parametrize(("activation", "gated", "has_bias", "dtype", "use_lora"), _reference_cases())
-def test_matches_reference(activation: str, gated: bool, has_bias: bool, dtype: torch.dtype,
-                           use_lora: bool, device: str) -> None:
+@pytest.mark.parametrize(
+    ("activation", "gated", "has_bias", "dtype", "use_lora"), _reference_cases()
+)
+def test_matches_reference(
+    activation: str, gated: bool, has_bias: bool, dtype: torch.dtype, use_lora: bool, device: str
+) -> None:
     """Batched Triton (empty expert, full expert, 2 M-blocks, N/K tails) equals the reference."""
     e, h, i, k, t = 6, 80, 40, 2, 40
     cfg = ExpertsConfig(e, h, i, k, activation=activation, gated=gated, has_bias=has_bias)
@@ -82,8 +90,15 @@ def test_matches_reference(activation: str, gated: bool, has_bias: bool, dtype: 
 
     out, yb, d = run_batched(experts, x, ids, w, t, token_lora if use_lora else None, ad)
     ref = fused_moe_reference(
-        x, wt["w13"], wt["w2"], w, ids, activation=activation, gated=gated,
-        w13_bias=wt["w13_bias"], w2_bias=wt["w2_bias"],
+        x,
+        wt["w13"],
+        wt["w2"],
+        w,
+        ids,
+        activation=activation,
+        gated=gated,
+        w13_bias=wt["w13_bias"],
+        w2_bias=wt["w2_bias"],
         lora=MoELoRAContext(ad, token_lora) if ad is not None else None,
     )
     counts = d.expert_num_tokens.tolist()
@@ -92,8 +107,17 @@ def test_matches_reference(activation: str, gated: bool, has_bias: bool, dtype: 
     assert torch.isfinite(yb[valid]).all(), "a valid row was not written"
     assert rel_l2(out, ref) < REL_L2[dtype]
     if use_lora:  # the adapters must matter, or this test proves nothing
-        base = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, activation=activation,
-                                   gated=gated, w13_bias=wt["w13_bias"], w2_bias=wt["w2_bias"])
+        base = fused_moe_reference(
+            x,
+            wt["w13"],
+            wt["w2"],
+            w,
+            ids,
+            activation=activation,
+            gated=gated,
+            w13_bias=wt["w13_bias"],
+            w2_bias=wt["w2_bias"],
+        )
         assert rel_l2(base, ref) > 20 * REL_L2[dtype]
 
 
@@ -133,11 +157,19 @@ def test_router_weight_on_input(device: str) -> None:
     ad = make_lora(cfg, dtype, device, num_slots=2, disabled=1, max_rank=8, ranks=(8,))
     d = dispatch_to_batched(x, ids, e, t, token_lora, input_weights=w)
     yb = BatchedTritonExperts(cfg, wt["w13"], wt["w2"]).apply(
-        d.x, d.expert_num_tokens, MoELoRAContext(ad, d.lora_mapping))
+        d.x, d.expert_num_tokens, MoELoRAContext(ad, d.lora_mapping)
+    )
     out = combine_from_batched(yb, d.index_map, w, t, apply_router_weight=False)
-    ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, activation="silu",
-                              apply_router_weight_on_input=True,
-                              lora=MoELoRAContext(ad, token_lora))
+    ref = fused_moe_reference(
+        x,
+        wt["w13"],
+        wt["w2"],
+        w,
+        ids,
+        activation="silu",
+        apply_router_weight_on_input=True,
+        lora=MoELoRAContext(ad, token_lora),
+    )
     # x * w is rounded to the working dtype at dispatch: one more rounding than the reference.
     assert rel_l2(out, ref) < 2 * REL_L2[dtype]
 
@@ -179,12 +211,18 @@ def test_launcher_rejects_bad_inputs(device: str) -> None:
     with pytest.raises(ValueError, match="shape mismatch"):
         batched_fused_experts(x, counts, wt["w13"], wt["w2"], gated=False, activation="relu2")
     with pytest.raises(ValueError, match="must share one of"):
-        batched_fused_experts(x.float() if dtype != torch.float32 else x.half(), counts,
-                              wt["w13"], wt["w2"])
+        batched_fused_experts(
+            x.float() if dtype != torch.float32 else x.half(), counts, wt["w13"], wt["w2"]
+        )
     ad = make_lora(cfg, dtype, device, num_slots=2, disabled=1, max_rank=8, ranks=(8,))
     with pytest.raises(ValueError, match=r"batched LoRA mapping must be \[E, M\]"):
-        batched_fused_experts(x, counts, wt["w13"], wt["w2"],
-                              lora=MoELoRAContext(ad, torch.zeros(8, dtype=torch.int32)))
+        batched_fused_experts(
+            x,
+            counts,
+            wt["w13"],
+            wt["w2"],
+            lora=MoELoRAContext(ad, torch.zeros(8, dtype=torch.int32)),
+        )
     with pytest.raises(ValueError, match="not in"):
         batched_fused_experts(x, counts, wt["w13"], wt["w2"], activation="relu2")
 
@@ -224,8 +262,9 @@ def _full_layer(cache: dict, name: str) -> tuple[ExpertsConfig, dict, MoELoRAAda
         e, k, h, i, act, gated = FULL_SHAPES[name]
         cfg = ExpertsConfig(e, h, i, k, activation=act, gated=gated)
         wt = make_weights(cfg, torch.bfloat16, "cuda", seed=11)
-        ad = make_lora(cfg, torch.bfloat16, "cuda", num_slots=4, max_rank=16, ranks=(16, 8, 16),
-                       disabled=3)
+        ad = make_lora(
+            cfg, torch.bfloat16, "cuda", num_slots=4, max_rank=16, ranks=(16, 8, 16), disabled=3
+        )
         cache[name] = (cfg, wt, ad)
     return cache[name]
 
@@ -245,11 +284,19 @@ def test_full_shape_gpu(model: str, num_tokens: int, use_lora: bool, full_layers
     token_lora = (torch.arange(t, device="cuda", dtype=torch.int32) % 5) - 1
     max_tokens = int(torch.bincount(ids.flatten().long(), minlength=e).max())
     experts = BatchedTritonExperts(cfg, wt["w13"], wt["w2"])
-    out, _, _ = run_batched(experts, x, ids, w, max_tokens, token_lora if use_lora else None,
-                            ad if use_lora else None)
-    ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, activation=cfg.activation,
-                              gated=cfg.gated,
-                              lora=MoELoRAContext(ad, token_lora) if use_lora else None)
+    out, _, _ = run_batched(
+        experts, x, ids, w, max_tokens, token_lora if use_lora else None, ad if use_lora else None
+    )
+    ref = fused_moe_reference(
+        x,
+        wt["w13"],
+        wt["w2"],
+        w,
+        ids,
+        activation=cfg.activation,
+        gated=cfg.gated,
+        lora=MoELoRAContext(ad, token_lora) if use_lora else None,
+    )
     err = rel_l2(out, ref)
     print(f"{model} T={t} lora={use_lora}: rel_l2={err:.2e}")
     assert err < GPU_BF16_REL_L2
@@ -287,6 +334,7 @@ def test_cuda_graph_replay_follows_device_counts() -> None:
         slots.copy_(d.lora_mapping)
         graph.replay()
         out = combine_from_batched(yb, d.index_map, w, t)
-        ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, activation="silu",
-                                  lora=MoELoRAContext(ad, token_lora))
+        ref = fused_moe_reference(
+            x, wt["w13"], wt["w2"], w, ids, activation="silu", lora=MoELoRAContext(ad, token_lora)
+        )
         assert rel_l2(out, ref) < GPU_BF16_REL_L2

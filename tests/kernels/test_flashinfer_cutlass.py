@@ -44,13 +44,34 @@ def fake_cutlass_fused_moe(calls: list[dict[str, Any]]):
     computes FlashInfer's math (fc1 = [up; gate] for Swiglu) from what it was given."""
 
     def cutlass_fused_moe(
-        input, token_selected_experts, token_final_scales, fc1_expert_weights,
-        fc2_expert_weights, output_dtype, quant_scales, fc1_expert_biases=None,
-        fc2_expert_biases=None, input_sf=None, swiglu_alpha=None, swiglu_beta=None,
-        swiglu_limit=None, tp_size=1, tp_rank=0, ep_size=1, ep_rank=0, cluster_size=1,
-        cluster_rank=0, output=None, enable_alltoall=False, use_deepseek_fp8_block_scale=False,
-        use_w4_group_scaling=False, use_mxfp8_act_scaling=False, min_latency_mode=False,
-        use_packed_weights=False, tune_max_num_tokens=8192, enable_pdl=None,
+        input,
+        token_selected_experts,
+        token_final_scales,
+        fc1_expert_weights,
+        fc2_expert_weights,
+        output_dtype,
+        quant_scales,
+        fc1_expert_biases=None,
+        fc2_expert_biases=None,
+        input_sf=None,
+        swiglu_alpha=None,
+        swiglu_beta=None,
+        swiglu_limit=None,
+        tp_size=1,
+        tp_rank=0,
+        ep_size=1,
+        ep_rank=0,
+        cluster_size=1,
+        cluster_rank=0,
+        output=None,
+        enable_alltoall=False,
+        use_deepseek_fp8_block_scale=False,
+        use_w4_group_scaling=False,
+        use_mxfp8_act_scaling=False,
+        min_latency_mode=False,
+        use_packed_weights=False,
+        tune_max_num_tokens=8192,
+        enable_pdl=None,
         activation_type=FakeActivationType.Swiglu,
     ) -> list[torch.Tensor]:
         calls.append(dict(locals()))
@@ -133,7 +154,9 @@ def test_gated_conversion_puts_up_first_and_is_pure() -> None:
     w13, w2 = torch.randn(e, 2 * i, h), torch.randn(e, h, i)
     before = (w13.clone(), w2.clone())
     conv = FlashInferCutlassExperts.convert_weights(cfg, w13, w2)
-    assert torch.equal(conv["fc1"][:, :i], w13[:, i:]) and torch.equal(conv["fc1"][:, i:], w13[:, :i])
+    assert torch.equal(conv["fc1"][:, :i], w13[:, i:]) and torch.equal(
+        conv["fc1"][:, i:], w13[:, :i]
+    )
     assert torch.equal(conv["fc2"], w2) and conv["activation_type"] == "Swiglu"
     assert torch.equal(w13, before[0]) and torch.equal(w2, before[1])
     assert conv["fc1"].data_ptr() != w13.data_ptr() and conv["fc2"].data_ptr() != w2.data_ptr()
@@ -176,8 +199,15 @@ def test_apply_maps_arguments_and_matches_reference(
     """Arguments reach cutlass_fused_moe with FlashInfer's names and dtypes; the fake's
     FlashInfer math on the converted weights equals the reference on the common layout."""
     e, h, i, t = 5, 16, 12, 7
-    cfg = ExpertsConfig(e, h, i, top_k, activation=activation, gated=gated,
-                        apply_router_weight_on_input=weight_on_input)
+    cfg = ExpertsConfig(
+        e,
+        h,
+        i,
+        top_k,
+        activation=activation,
+        gated=gated,
+        apply_router_weight_on_input=weight_on_input,
+    )
     wt = make_weights(cfg, torch.bfloat16, "cpu", seed=8)
     x = torch.randn(t, h).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(e)[:top_k] for _ in range(t)]).to(torch.int64)
@@ -196,8 +226,16 @@ def test_apply_maps_arguments_and_matches_reference(
     assert call["fc1_expert_weights"] is ex.weights["fc1"]
     if weight_on_input:
         assert torch.all(call["token_final_scales"] == 1)
-    ref = fused_moe_reference(x, wt["w13"], wt["w2"], w.float(), ids, activation=activation,
-                              gated=gated, apply_router_weight_on_input=weight_on_input)
+    ref = fused_moe_reference(
+        x,
+        wt["w13"],
+        wt["w2"],
+        w.float(),
+        ids,
+        activation=activation,
+        gated=gated,
+        apply_router_weight_on_input=weight_on_input,
+    )
     assert rel_l2(out, ref) < BF16_REL_L2
 
 
@@ -219,10 +257,15 @@ def test_lora_context_raises_clear_error(fake_flashinfer: list) -> None:
     """apply with a LoRA context refuses, naming the backends that can do LoRA."""
     cfg = ExpertsConfig(4, 16, 8, 2)
     wt = make_weights(cfg, torch.bfloat16, "cpu")
-    ad = MoELoRAAdapters.allocate(num_slots=1, num_experts=4, hidden_size=16,
-                                  intermediate_size=8, max_rank=4, num_slices=2)
+    ad = MoELoRAAdapters.allocate(
+        num_slots=1, num_experts=4, hidden_size=16, intermediate_size=8, max_rank=4, num_slices=2
+    )
     ex = FlashInferCutlassExperts(cfg, wt["w13"], wt["w2"])
     with pytest.raises(ValueError, match="does not support LoRA"):
-        ex.apply(torch.randn(3, 16).bfloat16(), torch.rand(3, 2), torch.zeros(3, 2, dtype=torch.int32),
-                 MoELoRAContext(ad, torch.zeros(3, dtype=torch.int32)))
+        ex.apply(
+            torch.randn(3, 16).bfloat16(),
+            torch.rand(3, 2),
+            torch.zeros(3, 2, dtype=torch.int32),
+            MoELoRAContext(ad, torch.zeros(3, dtype=torch.int32)),
+        )
     assert fake_flashinfer == []

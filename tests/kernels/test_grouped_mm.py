@@ -71,8 +71,9 @@ def test_class_contract_and_declared_limits() -> None:
     assert check_config(cfg, "bf16", lora_max_rank=12)[0] is False
     assert check_config(cfg, "bf16", lora_max_rank=16) == (True, None)
     assert TorchGroupedMMExperts.supports({"dtype": "float16"})[0] is False
-    assert TorchGroupedMMExperts.supports({"dtype": "bfloat16", "hidden_size": 2688,
-                                           "intermediate_size": 1856}) == (True, None)
+    assert TorchGroupedMMExperts.supports(
+        {"dtype": "bfloat16", "hidden_size": 2688, "intermediate_size": 1856}
+    ) == (True, None)
     assert TorchGroupedMMExperts.supports({"lora_enabled": True, "lora_max_rank": 4})[0] is False
 
 
@@ -97,8 +98,9 @@ def test_apply_rejects_what_it_does_not_support() -> None:
     ids = torch.zeros(3, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match="bf16"):
         ex.apply(torch.randn(3, 32), torch.rand(3, 2), ids)
-    ex16 = TorchGroupedMMExperts(cfg, torch.randn(4, 32, 32).bfloat16(),
-                                 torch.randn(4, 32, 16).bfloat16())
+    ex16 = TorchGroupedMMExperts(
+        cfg, torch.randn(4, 32, 32).bfloat16(), torch.randn(4, 32, 16).bfloat16()
+    )
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
             ex16.apply(torch.randn(3, 32).bfloat16(), torch.rand(3, 2), ids)
@@ -107,8 +109,9 @@ def test_apply_rejects_what_it_does_not_support() -> None:
 @pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
 @pytest.mark.parametrize("use_lora", [False, True], ids=["base", "lora"])
 @pytest.mark.parametrize(("activation", "gated", "has_bias"), ACTIVATIONS)
-def test_pipeline_matches_reference_on_cpu(activation: str, gated: bool, has_bias: bool,
-                                           use_lora: bool) -> None:
+def test_pipeline_matches_reference_on_cpu(
+    activation: str, gated: bool, has_bias: bool, use_lora: bool
+) -> None:
     """The sort / grouped GEMM / LoRA-group / un-permute pipeline equals the reference (fp32)."""
     e, h, i, k, t = 6, 48, 40, 2, 20
     cfg = ExpertsConfig(e, h, i, k, activation=activation, gated=gated, has_bias=has_bias)
@@ -122,11 +125,17 @@ def test_pipeline_matches_reference_on_cpu(activation: str, gated: bool, has_bia
     w = torch.rand(t, k, generator=g)
     lora = None
     if use_lora:
-        ad = make_lora(cfg, torch.float32, "cpu", num_slots=4, max_rank=16, ranks=(16, 8, 16),
-                       disabled=3)
+        ad = make_lora(
+            cfg, torch.float32, "cpu", num_slots=4, max_rank=16, ranks=(16, 8, 16), disabled=3
+        )
         lora = MoELoRAContext(ad, (torch.arange(t, dtype=torch.int32) % 5) - 1)
-    kw = dict(activation=activation, gated=gated, w13_bias=wt["w13_bias"],
-              w2_bias=wt["w2_bias"], lora=lora)
+    kw = dict(
+        activation=activation,
+        gated=gated,
+        w13_bias=wt["w13_bias"],
+        w2_bias=wt["w2_bias"],
+        lora=lora,
+    )
     out = grouped_mm_fused_moe(x, wt["w13"], wt["w2"], w, ids, **kw)
     ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, **kw)
     assert rel_l2(out, ref) < CPU_FP32_REL_L2
@@ -164,17 +173,25 @@ def test_full_shape_gpu(model: str, num_tokens: int, use_lora: bool) -> None:
     e, k, h, i, act, gated = FULL_SHAPES[model]
     cfg = ExpertsConfig(e, h, i, k, activation=act, gated=gated)
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=11)
-    ad = make_lora(cfg, torch.bfloat16, "cuda", num_slots=4, max_rank=16, ranks=(16, 8, 16),
-                   disabled=3) if use_lora else None
+    ad = (
+        make_lora(
+            cfg, torch.bfloat16, "cuda", num_slots=4, max_rank=16, ranks=(16, 8, 16), disabled=3
+        )
+        if use_lora
+        else None
+    )
     g = torch.Generator(device="cuda").manual_seed(num_tokens)
     x = torch.randn(num_tokens, h, device="cuda", generator=g).to(torch.bfloat16)
-    ids = torch.rand(num_tokens, e, device="cuda", generator=g).argsort(dim=1)[:, :k].to(torch.int32)
+    ids = (
+        torch.rand(num_tokens, e, device="cuda", generator=g).argsort(dim=1)[:, :k].to(torch.int32)
+    )
     w = torch.rand(num_tokens, k, device="cuda", generator=g)
     token_lora = (torch.arange(num_tokens, device="cuda", dtype=torch.int32) % 5) - 1
     lora = MoELoRAContext(ad, token_lora) if ad is not None else None
     out = TorchGroupedMMExperts(cfg, wt["w13"], wt["w2"]).apply(x, w, ids, lora)
-    ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, activation=act, gated=gated,
-                              lora=lora)
+    ref = fused_moe_reference(
+        x, wt["w13"], wt["w2"], w, ids, activation=act, gated=gated, lora=lora
+    )
     err = rel_l2(out, ref)
     print(f"grouped_mm {model} T={num_tokens} lora={use_lora}: rel_l2={err:.2e}")
     assert err < GPU_BF16_REL_L2
@@ -188,16 +205,24 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
     e, h, i, k, t = 16, 256, 128, 4, 48
     cfg = ExpertsConfig(e, h, i, k, activation="swigluoai", has_bias=True)
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=12)
-    ad = make_lora(cfg, torch.bfloat16, "cuda", num_slots=3, max_rank=16, ranks=(16, 8),
-                   disabled=2)
+    ad = make_lora(cfg, torch.bfloat16, "cuda", num_slots=3, max_rank=16, ranks=(16, 8), disabled=2)
     x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
     ids = torch.rand(t, e, device="cuda").argsort(dim=1)[:, :k].to(torch.int32)
     ids[::7, -1] = -1
     w = torch.rand(t, k, device="cuda")
     lora = MoELoRAContext(ad, (torch.arange(t, device="cuda", dtype=torch.int32) % 4) - 1)
     ex = TorchGroupedMMExperts(cfg, wt["w13"], wt["w2"], wt["w13_bias"], wt["w2_bias"])
-    ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, activation="swigluoai",
-                              w13_bias=wt["w13_bias"], w2_bias=wt["w2_bias"], lora=lora)
+    ref = fused_moe_reference(
+        x,
+        wt["w13"],
+        wt["w2"],
+        w,
+        ids,
+        activation="swigluoai",
+        w13_bias=wt["w13_bias"],
+        w2_bias=wt["w2_bias"],
+        lora=lora,
+    )
     assert rel_l2(ex.apply(x, w, ids, lora), ref) < GPU_BF16_REL_L2
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -209,6 +234,15 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
         out = ex.apply(x, w, ids, lora)
     x.copy_(torch.randn(t, h, device="cuda").to(torch.bfloat16))
     graph.replay()
-    ref2 = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, activation="swigluoai",
-                               w13_bias=wt["w13_bias"], w2_bias=wt["w2_bias"], lora=lora)
+    ref2 = fused_moe_reference(
+        x,
+        wt["w13"],
+        wt["w2"],
+        w,
+        ids,
+        activation="swigluoai",
+        w13_bias=wt["w13_bias"],
+        w2_bias=wt["w2_bias"],
+        lora=lora,
+    )
     assert rel_l2(out, ref2) < GPU_BF16_REL_L2

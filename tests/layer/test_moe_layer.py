@@ -18,11 +18,21 @@ DTYPE = torch.bfloat16 if ON_GPU else torch.float16
 RTOL = 2e-2 if ON_GPU else 5e-3
 
 SMALL_NEMOTRON = {  # Nemotron-shaped (relu2, non-gated, shared expert) at a tiny size for the CPU.
-    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "n_routed_experts": 8,
-    "num_experts_per_tok": 3, "hidden_size": 64, "moe_intermediate_size": 48,
-    "mlp_hidden_act": "relu2", "torch_dtype": "bfloat16" if ON_GPU else "float16",
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 3,
+    "hidden_size": 64,
+    "moe_intermediate_size": 48,
+    "mlp_hidden_act": "relu2",
+    "torch_dtype": "bfloat16" if ON_GPU else "float16",
 }
-DRY = {"platform": "cuda", "capability": "9.0", "device_name": "NVIDIA H200", "packages": ["torch", "triton"]}
+DRY = {
+    "platform": "cuda",
+    "capability": "9.0",
+    "device_name": "NVIDIA H200",
+    "packages": ["torch", "triton"],
+}
 
 
 def _weights(e, n1, h, i, seed=0):
@@ -34,7 +44,9 @@ def _weights(e, n1, h, i, seed=0):
 
 def _routing(t, e, k, seed=1):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(DEVICE, torch.int32)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(
+        DEVICE, torch.int32
+    )
     weights = torch.softmax(torch.randn(t, k, generator=g), dim=1).to(DEVICE)
     return weights, ids
 
@@ -42,7 +54,12 @@ def _routing(t, e, k, seed=1):
 def _adapter(e, h, i, rank, seed):
     g = torch.Generator(device="cpu").manual_seed(seed)
     r = lambda *s: (torch.randn(*s, generator=g) * 0.1).to(DEVICE, DTYPE)  # noqa: E731
-    return {"w13_a": [r(e, rank, h)], "w13_b": [r(e, i, rank)], "w2_a": r(e, rank, i), "w2_b": r(e, h, rank)}
+    return {
+        "w13_a": [r(e, rank, h)],
+        "w13_b": [r(e, i, rank)],
+        "w2_a": r(e, rank, i),
+        "w2_b": r(e, h, rank),
+    }
 
 
 def _rel_err(out, ref):
@@ -56,20 +73,40 @@ def test_lora_layer_runs_the_policy_choice_and_matches_the_reference(all2all):
     w13, w2 = _weights(e, i, h, i)
     with pytest.warns(BackendOverrideWarning):
         layer = MoELayer.build(
-            SMALL_NEMOTRON, w13, w2, environ={"MOE_POLICY_BACKEND": "flashinfer_cutlass"},
-            lora=True, max_loras=2, max_lora_rank=8, all2all=all2all, **DRY,
+            SMALL_NEMOTRON,
+            w13,
+            w2,
+            environ={"MOE_POLICY_BACKEND": "flashinfer_cutlass"},
+            lora=True,
+            max_loras=2,
+            max_lora_rank=8,
+            all2all=all2all,
+            **DRY,
         )
     expected = "batched_triton" if all2all == "deepep_low_latency" else "triton"
     assert layer.decision.backend == expected
-    assert layer.decision.override is not None and layer.decision.override.origin == "env:MOE_POLICY_BACKEND"
+    assert (
+        layer.decision.override is not None
+        and layer.decision.override.origin == "env:MOE_POLICY_BACKEND"
+    )
     layer.load_adapter(0, **_adapter(e, h, i, 8, seed=2))
     layer.load_adapter(1, **_adapter(e, h, i, 4, seed=3))
     x = torch.randn(t, h, device=DEVICE, dtype=DTYPE)
     weights, ids = _routing(t, e, k)
-    mapping = torch.tensor([0, 1, -1, 0, 1, -1, 0, 1, 0, 0, -1, 1, 1][:t], dtype=torch.int32, device=DEVICE)
+    mapping = torch.tensor(
+        [0, 1, -1, 0, 1, -1, 0, 1, 0, 0, -1, 1, 1][:t], dtype=torch.int32, device=DEVICE
+    )
     out = layer(x, weights, ids, mapping)
-    ref = fused_moe_reference(x, w13, w2, weights, ids, activation="relu2", gated=False,
-                              lora=MoELoRAContext(layer.lora, mapping))
+    ref = fused_moe_reference(
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        activation="relu2",
+        gated=False,
+        lora=MoELoRAContext(layer.lora, mapping),
+    )
     assert _rel_err(out, ref) < RTOL
 
 
@@ -81,15 +118,23 @@ def test_reference_backend_on_request():
     weights, ids = _routing(t, e, k)
     x = torch.randn(t, h, device=DEVICE, dtype=DTYPE)
     assert layer.decision.backend == "reference"
-    torch.testing.assert_close(layer(x, weights, ids), fused_moe_reference(x, w13, w2, weights, ids, activation="relu2", gated=False))
+    torch.testing.assert_close(
+        layer(x, weights, ids),
+        fused_moe_reference(x, w13, w2, weights, ids, activation="relu2", gated=False),
+    )
 
 
 def test_a_decided_backend_without_an_implementation_is_a_clear_error():
     """flashinfer_trtllm can be decided (SM100 dry run) but has no implementation here."""
     e, h, i = 8, 64, 48
     w13, w2 = _weights(e, i, h, i)
-    with pytest.raises(BackendNotImplementedError, match=r"the policy chose 'flashinfer_trtllm' \(TrtLlmBf16Experts\), which has no implementation in this process"):
-        MoELayer.build(SMALL_NEMOTRON, w13, w2, environ={}, platform="cuda", capability="10.0", dtype="bf16")
+    with pytest.raises(
+        BackendNotImplementedError,
+        match=r"the policy chose 'flashinfer_trtllm' \(TrtLlmBf16Experts\), which has no implementation in this process",
+    ):
+        MoELayer.build(
+            SMALL_NEMOTRON, w13, w2, environ={}, platform="cuda", capability="10.0", dtype="bf16"
+        )
 
 
 def test_weights_must_match_the_model():
@@ -107,4 +152,9 @@ def test_mapping_without_lora_is_an_error():
     layer = MoELayer.build(SMALL_NEMOTRON, w13, w2, environ={}, **DRY)
     weights, ids = _routing(4, 8, 3)
     with pytest.raises(MoEPolicyError, match="LoRA is not enabled"):
-        layer(torch.randn(4, 64, device=DEVICE, dtype=DTYPE), weights, ids, torch.zeros(4, dtype=torch.int32, device=DEVICE))
+        layer(
+            torch.randn(4, 64, device=DEVICE, dtype=DTYPE),
+            weights,
+            ids,
+            torch.zeros(4, dtype=torch.int32, device=DEVICE),
+        )

@@ -28,32 +28,57 @@ def _setup(t: int):
     x = torch.randn(t, H, device="cuda", generator=g, dtype=torch.bfloat16)
     logits = torch.randn(t, E, device="cuda", generator=g)
     weights, ids = torch.topk(torch.softmax(logits, dim=1), K, dim=1)
-    mapping = (torch.arange(t, device="cuda", dtype=torch.int32) % (SLOTS + 1)) - 1  # round robin with -1
+    mapping = (
+        torch.arange(t, device="cuda", dtype=torch.int32) % (SLOTS + 1)
+    ) - 1  # round robin with -1
     return w13, w2, x, weights / weights.sum(1, keepdim=True), ids.to(torch.int32), mapping
 
 
 def _adapter(seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: torch.randn(*s, device="cuda", generator=g, dtype=torch.bfloat16) * 0.05  # noqa: E731
-    return {"w13_a": [r(E, RANK, H)], "w13_b": [r(E, I, RANK)], "w2_a": r(E, RANK, I), "w2_b": r(E, H, RANK), "scaling": 2.0}
+    return {
+        "w13_a": [r(E, RANK, H)],
+        "w13_b": [r(E, I, RANK)],
+        "w2_a": r(E, RANK, I),
+        "w2_b": r(E, H, RANK),
+        "scaling": 2.0,
+    }
 
 
-@pytest.mark.parametrize(("all2all", "backend"), [("none", "triton"), ("deepep_low_latency", "batched_triton")])
+@pytest.mark.parametrize(
+    ("all2all", "backend"), [("none", "triton"), ("deepep_low_latency", "batched_triton")]
+)
 @pytest.mark.parametrize("t", [1, 77, 512])
 def test_nemotron_lora_layer_matches_reference(all2all, backend, t):
     """The user story on real hardware: FlashInfer requested, LoRA on -> Triton family runs and is right."""
     w13, w2, x, weights, ids, mapping = _setup(t)
     with pytest.warns(BackendOverrideWarning):
         layer = MoELayer.build(
-            NEMOTRON, w13, w2, environ={"MOE_POLICY_BACKEND": "flashinfer_cutlass"},
-            lora=True, max_loras=SLOTS, max_lora_rank=RANK, all2all=all2all, **DRY,
+            NEMOTRON,
+            w13,
+            w2,
+            environ={"MOE_POLICY_BACKEND": "flashinfer_cutlass"},
+            lora=True,
+            max_loras=SLOTS,
+            max_lora_rank=RANK,
+            all2all=all2all,
+            **DRY,
         )
     assert layer.decision.backend == backend
     for slot in range(SLOTS):
         layer.load_adapter(slot, **_adapter(10 + slot))
     out = layer(x, weights, ids, mapping)
-    ref = fused_moe_reference(x, w13, w2, weights, ids, activation="relu2", gated=False,
-                              lora=MoELoRAContext(layer.lora, mapping))
+    ref = fused_moe_reference(
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        activation="relu2",
+        gated=False,
+        lora=MoELoRAContext(layer.lora, mapping),
+    )
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert err < BF16_RTOL, err
     assert torch.isfinite(out).all()

@@ -22,17 +22,36 @@ def test_registry_matches_catalog():
 def test_every_unquantized_backend_of_the_reference_is_declared():
     """The vLLM unquantized backends plus ours are all in the catalog."""
     names = set(load_catalog().names)
-    assert {"triton", "batched_triton", "flashinfer_cutlass", "flashinfer_trtllm", "aiter", "cpu", "xpu", "tpu", "oot",
-            "torch_grouped_mm", "reference"} <= names
+    assert {
+        "triton",
+        "batched_triton",
+        "flashinfer_cutlass",
+        "flashinfer_trtllm",
+        "aiter",
+        "cpu",
+        "xpu",
+        "tpu",
+        "oot",
+        "torch_grouped_mm",
+        "reference",
+    } <= names
 
 
 def test_lora_capable_backends():
     """LoRA: our Triton backends and the reference; TRT-LLM conditionally; the rest not."""
     catalog = load_catalog()
     assert {s.name: s.lora for s in catalog} == {
-        "triton": "true", "batched_triton": "true", "flashinfer_cutlass": "false",
-        "flashinfer_trtllm": "conditional", "aiter": "false", "cpu": "false", "xpu": "false",
-        "tpu": "delegated", "oot": "delegated", "torch_grouped_mm": "true", "reference": "true",
+        "triton": "true",
+        "batched_triton": "true",
+        "flashinfer_cutlass": "false",
+        "flashinfer_trtllm": "conditional",
+        "aiter": "false",
+        "cpu": "false",
+        "xpu": "false",
+        "tpu": "delegated",
+        "oot": "delegated",
+        "torch_grouped_mm": "true",
+        "reference": "true",
     }
 
 
@@ -49,7 +68,10 @@ def test_implemented_here_have_classes_with_the_same_backend_name():
 def test_unknown_catalog_key_names_its_position():
     """A typo in the catalog is an error at file:line:col."""
     text = "backends:\n  triton:\n    platfroms: [cuda]\n"
-    with pytest.raises(PolicyError, match=r"^file:x.yaml:3:5: backend 'triton': unknown key 'platfroms' \(did you mean 'platforms'\?\)"):
+    with pytest.raises(
+        PolicyError,
+        match=r"^file:x.yaml:3:5: backend 'triton': unknown key 'platfroms' \(did you mean 'platforms'\?\)",
+    ):
         parse_catalog(parse_yaml_text(text, "x.yaml", use_omegaconf=False))
 
 
@@ -57,4 +79,6 @@ def test_registry_drift_is_named():
     """An implementation pointing at a missing module is reported by name."""
     text = "backends:\n  triton:\n    implementation: moe_policy.experts.nope:TritonExperts\n    platforms: [cuda]\n"
     catalog = parse_catalog(parse_yaml_text(text, "x.yaml", use_omegaconf=False))
-    assert check_registry(catalog) == ["triton: module 'moe_policy.experts.nope' of 'moe_policy.experts.nope:TritonExperts' not found"]
+    assert check_registry(catalog) == [
+        "triton: module 'moe_policy.experts.nope' of 'moe_policy.experts.nope:TritonExperts' not found"
+    ]

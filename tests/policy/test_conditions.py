@@ -10,29 +10,42 @@ from moe_policy.rules import ProblemSink, parse_conditions
 
 
 def _conds(when):
-    return parse_conditions(when, lambda path, at_key=False: Origin.file("t.yaml", 1, 1), ("when",), ProblemSink())
+    return parse_conditions(
+        when, lambda path, at_key=False: Origin.file("t.yaml", 1, 1), ("when",), ProblemSink()
+    )
 
 
 def _holds(when, values):
     return all(c.test(values.get(c.key)) for c in _conds(when))
 
 
-@pytest.mark.parametrize(("when", "values", "expected"), [
-    ({"platform": "cuda"}, {"platform": "cuda"}, True),
-    ({"platform": ["rocm", "xpu"]}, {"platform": "cuda"}, False),
-    ({"device.capability": {"ge": "9.0", "lt": "10.0"}}, {"device.capability": "9.0"}, True),
-    ({"device.capability": {"ge": "9.0", "lt": "10.0"}}, {"device.capability": "10.0"}, False),
-    ({"device.capability": {"gt": "9.0"}}, {"device.capability": "12.1"}, True),
-    ({"parallel.dp": {"gt": 1}}, {"parallel.dp": 2}, True),
-    ({"model.intermediate_size_per_partition": {"multiple_of": 128}}, {"model.intermediate_size_per_partition": 768}, True),
-    ({"model.intermediate_size_per_partition": {"not_multiple_of": 128}}, {"model.intermediate_size_per_partition": 1856}, True),
-    ({"packages": "flashinfer"}, {"packages": ("torch", "triton")}, False),
-    ({"packages": {"ne": "flashinfer"}}, {"packages": ("torch", "triton")}, True),
-    ({"lora.enabled": True}, {"lora.enabled": False}, False),
-    ({"rocm.aiter": {"ne": True}}, {"rocm.aiter": False}, True),
-    ({"device.name": {"exists": False}}, {"device.name": None}, True),
-    ({"device.capability": "9.0"}, {"device.capability": None}, False),
-])
+@pytest.mark.parametrize(
+    ("when", "values", "expected"),
+    [
+        ({"platform": "cuda"}, {"platform": "cuda"}, True),
+        ({"platform": ["rocm", "xpu"]}, {"platform": "cuda"}, False),
+        ({"device.capability": {"ge": "9.0", "lt": "10.0"}}, {"device.capability": "9.0"}, True),
+        ({"device.capability": {"ge": "9.0", "lt": "10.0"}}, {"device.capability": "10.0"}, False),
+        ({"device.capability": {"gt": "9.0"}}, {"device.capability": "12.1"}, True),
+        ({"parallel.dp": {"gt": 1}}, {"parallel.dp": 2}, True),
+        (
+            {"model.intermediate_size_per_partition": {"multiple_of": 128}},
+            {"model.intermediate_size_per_partition": 768},
+            True,
+        ),
+        (
+            {"model.intermediate_size_per_partition": {"not_multiple_of": 128}},
+            {"model.intermediate_size_per_partition": 1856},
+            True,
+        ),
+        ({"packages": "flashinfer"}, {"packages": ("torch", "triton")}, False),
+        ({"packages": {"ne": "flashinfer"}}, {"packages": ("torch", "triton")}, True),
+        ({"lora.enabled": True}, {"lora.enabled": False}, False),
+        ({"rocm.aiter": {"ne": True}}, {"rocm.aiter": False}, True),
+        ({"device.name": {"exists": False}}, {"device.name": None}, True),
+        ({"device.capability": "9.0"}, {"device.capability": None}, False),
+    ],
+)
 def test_condition_semantics(when, values, expected):
     """Each operator means what the rules docstring says."""
     assert _holds(when, values) is expected
@@ -51,7 +64,9 @@ def test_bad_operand_type_is_an_error():
 
 def test_bad_choice_value_is_an_error():
     """A value outside a key's choices is refused with a suggestion."""
-    with pytest.raises(PolicyError, match=r"platform: 'cdua' is not one of .* \(did you mean 'cuda'\?\)"):
+    with pytest.raises(
+        PolicyError, match=r"platform: 'cdua' is not one of .* \(did you mean 'cuda'\?\)"
+    ):
         _conds({"platform": "cdua"})
 
 

@@ -17,7 +17,13 @@ SM120 = {"platform": "cuda", "capability": "12.0"}
 ROCM = {"platform": "rocm"}
 
 # rule id -> (fires: (model, args, env, expected backend), does not fire: (...))
-CASES: dict[str, tuple[tuple[Any, dict[str, Any], dict[str, str], str], tuple[Any, dict[str, Any], dict[str, str], str]]] = {
+CASES: dict[
+    str,
+    tuple[
+        tuple[Any, dict[str, Any], dict[str, str], str],
+        tuple[Any, dict[str, Any], dict[str, str], str],
+    ],
+] = {
     "hopper-demotes-flashinfer": (
         (QWEN3, SM90, {}, "triton"),
         (QWEN3, SM100, {}, "flashinfer_trtllm"),
@@ -79,7 +85,11 @@ def test_forbid_rule_records_policy_forbid(make_selector):
     """A forbid rule eliminates with policy_forbid and names the rule."""
     decision = _decide(make_selector, QWEN3, ROCM, {})
     cand = decision.candidate("aiter")
-    assert (cand.reason_code, cand.rule, cand.pass_name) == (ReasonCode.POLICY_FORBID, "rocm-aiter-opt-in", "policy_rules")
+    assert (cand.reason_code, cand.rule, cand.pass_name) == (
+        ReasonCode.POLICY_FORBID,
+        "rocm-aiter-opt-in",
+        "policy_rules",
+    )
 
 
 def test_rule_records_carry_file_line(make_selector):

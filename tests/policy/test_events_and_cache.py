@@ -22,10 +22,17 @@ def test_hundred_layers_with_one_signature_cost_one_resolution(make_selector, h2
     assert len({d.decision_id for d in decisions}) == 100
     assert [e for e in logs if e["event"] == "moe_policy.decision"] == [
         {
-            "event": "moe_policy.decision", "log_level": "info", "backend": "triton",
-            "experts_class": "TritonExperts", "activation_format": "standard", "outcome": "auto",
-            "requested": None, "layer_kind": "moe", "layer_index": 0,
-            "fingerprint": decisions[0].fingerprint[:16], "count": 1,
+            "event": "moe_policy.decision",
+            "log_level": "info",
+            "backend": "triton",
+            "experts_class": "TritonExperts",
+            "activation_format": "standard",
+            "outcome": "auto",
+            "requested": None,
+            "layer_kind": "moe",
+            "layer_index": 0,
+            "fingerprint": decisions[0].fingerprint[:16],
+            "count": 1,
             "summary": decisions[0].describe(),
         }
     ]
@@ -35,7 +42,9 @@ def test_hundred_layers_with_one_signature_cost_one_resolution(make_selector, h2
 def test_draft_layers_are_a_separate_signature(make_selector, h200, tmp_path):
     """A rule on layer.kind treats MTP draft layers differently."""
     policy = tmp_path / "p.yaml"
-    policy.write_text("rules:\n  - {id: draft-ref, when: {layer.kind: draft}, effect: prefer, backends: [flashinfer_cutlass], reason: x}\n")
+    policy.write_text(
+        "rules:\n  - {id: draft-ref, when: {layer.kind: draft}, effect: prefer, backends: [flashinfer_cutlass], reason: x}\n"
+    )
     sel = make_selector(NEMOTRON, policy_files=[str(policy)], **h200)
     assert sel.select(3).backend == "triton"
     assert sel.select(52, "draft").backend == "flashinfer_cutlass"
@@ -50,13 +59,19 @@ def test_knob_ignored_event_for_a_vllm_variable_that_does_nothing(make_selector,
     events = [e for e in logs if e["event"] == "moe_policy.knob_ignored"]
     assert len(events) == 1
     assert (events[0]["knob"], events[0]["origin"], events[0]["log_level"]) == (
-        "VLLM_MOE_FORCE_MARLIN", "env:VLLM_MOE_FORCE_MARLIN", "warning",
+        "VLLM_MOE_FORCE_MARLIN",
+        "env:VLLM_MOE_FORCE_MARLIN",
+        "warning",
     )
 
 
 def test_deprecated_flashinfer_knob_event_names_the_replacement(make_selector, h200):
     """The removed vLLM FlashInfer switch is honoured and its event names MOE_POLICY_BACKEND."""
-    sel = make_selector(NEMOTRON, environ={"VLLM_USE_FLASHINFER_MOE_FP16": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"}, **h200)
+    sel = make_selector(
+        NEMOTRON,
+        environ={"VLLM_USE_FLASHINFER_MOE_FP16": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"},
+        **h200,
+    )
     with capture_logs() as logs:
         decision = sel.select()
     assert decision.backend == "flashinfer_cutlass"
@@ -67,7 +82,9 @@ def test_deprecated_flashinfer_knob_event_names_the_replacement(make_selector, h
 def test_audit_rule_is_recorded_and_changes_nothing(make_selector, h200, tmp_path):
     """A rule in audit action logs what it would have done; the decision is unchanged."""
     policy = tmp_path / "p.yaml"
-    policy.write_text("rules:\n  - {id: no-triton, effect: forbid, backends: [triton], reason: trial, action: audit}\n")
+    policy.write_text(
+        "rules:\n  - {id: no-triton, effect: forbid, backends: [triton], reason: trial, action: audit}\n"
+    )
     sel = make_selector(NEMOTRON, policy_files=[str(policy)], **h200)
     with capture_logs() as logs:
         decision = sel.select()
@@ -88,7 +105,9 @@ def test_no_feasible_backend_lists_every_backend(make_selector, h200):
     for cand in decision.candidates:
         assert f"  - {cand.backend}: " in str(info.value)
     assert decision.candidate("triton").reason_code is ReasonCode.QUANTIZATION_UNSUPPORTED
-    assert [e["log_level"] for e in logs if e["event"] == "moe_policy.no_feasible_backend"] == ["error"]
+    assert [e["log_level"] for e in logs if e["event"] == "moe_policy.no_feasible_backend"] == [
+        "error"
+    ]
 
 
 def test_override_warning_points_at_the_caller(make_selector, h200):
@@ -130,5 +149,8 @@ def test_unknown_api_argument(h200):
     """A misspelt keyword is a PolicyError with a suggestion."""
     import moe_policy
 
-    with pytest.raises(moe_policy.PolicyError, match=r"unknown argument 'max_lora_rnk' \(did you mean 'max_lora_rank'\?\)"):
+    with pytest.raises(
+        moe_policy.PolicyError,
+        match=r"unknown argument 'max_lora_rnk' \(did you mean 'max_lora_rank'\?\)",
+    ):
         moe_policy.select_backend(NEMOTRON, max_lora_rnk=8, **h200)

@@ -25,7 +25,11 @@ def _fingerprints(*args: str, seed: str) -> list[str]:
     env = {**os.environ, "PYTHONHASHSEED": seed}
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(model=NEMOTRON), *args],
-        capture_output=True, text=True, check=True, env=env, cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=REPO,
     )
     return json.loads(out.stdout)
 
@@ -53,7 +57,9 @@ def test_layer_index_is_rank_local_unless_a_rule_uses_it(make_selector, h200, tm
     sel = make_selector(NEMOTRON, **h200)
     assert sel.decide(0).fingerprint == sel.decide(7).fingerprint
     policy = tmp_path / "p.yaml"
-    policy.write_text("rules:\n  - {id: first-layer, when: {layer.index: 0}, effect: prefer, backends: [flashinfer_cutlass], reason: x}\n")
+    policy.write_text(
+        "rules:\n  - {id: first-layer, when: {layer.index: 0}, effect: prefer, backends: [flashinfer_cutlass], reason: x}\n"
+    )
     sel = make_selector(NEMOTRON, policy_files=[str(policy)], **h200)
     assert sel.decide(0).fingerprint != sel.decide(7).fingerprint
     assert (sel.decide(0).backend, sel.decide(7).backend) == ("flashinfer_cutlass", "triton")
@@ -63,7 +69,9 @@ def test_what_decides_changes_the_fingerprint(make_selector, h200):
     """A request, the packages or the mode each change the fingerprint."""
     base = make_selector(NEMOTRON, **h200).decide().fingerprint
     assert make_selector(NEMOTRON, backend="triton", **h200).decide().fingerprint != base
-    assert make_selector(NEMOTRON, packages=["torch", "triton"], **h200).decide().fingerprint != base
+    assert (
+        make_selector(NEMOTRON, packages=["torch", "triton"], **h200).decide().fingerprint != base
+    )
     assert make_selector(NEMOTRON, mode="strict", **h200).decide().fingerprint != base
     assert make_selector(NEMOTRON, **h200).decide().fingerprint == base
 

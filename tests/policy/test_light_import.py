@@ -20,6 +20,8 @@ print(json.dumps({{"after_import": after_import, "backend": e.decision.backend,
 
 def test_import_and_decide_without_torch_or_triton():
     """`import moe_policy` and a full decision leave torch and triton unimported."""
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True, cwd=REPO
+    )
     result = json.loads(out.stdout)
     assert result == {"after_import": [], "backend": "triton", "heavy": []}

@@ -13,10 +13,50 @@ from moe_policy.model import load_model, model_facts_from_mapping
 from tests.conftest import DEEPSEEK, GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
 EXPECTED = {
-    NEMOTRON: dict(num_experts=128, top_k=6, hidden_size=2688, intermediate_size=1856, activation="relu2", gated=False, shared_experts=1, quantization="none", routing="deepseek_v3"),
-    MIXTRAL: dict(num_experts=8, top_k=2, hidden_size=4096, intermediate_size=14336, activation="silu", gated=True, shared_experts=0, quantization="none", routing="renormalize"),
-    QWEN3: dict(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768, activation="silu", gated=True, shared_experts=0, quantization="none", routing="renormalize"),
-    DEEPSEEK: dict(num_experts=256, top_k=8, hidden_size=7168, intermediate_size=2048, activation="silu", gated=True, shared_experts=1, quantization="fp8", routing="deepseek_v3"),
+    NEMOTRON: dict(
+        num_experts=128,
+        top_k=6,
+        hidden_size=2688,
+        intermediate_size=1856,
+        activation="relu2",
+        gated=False,
+        shared_experts=1,
+        quantization="none",
+        routing="deepseek_v3",
+    ),
+    MIXTRAL: dict(
+        num_experts=8,
+        top_k=2,
+        hidden_size=4096,
+        intermediate_size=14336,
+        activation="silu",
+        gated=True,
+        shared_experts=0,
+        quantization="none",
+        routing="renormalize",
+    ),
+    QWEN3: dict(
+        num_experts=128,
+        top_k=8,
+        hidden_size=2048,
+        intermediate_size=768,
+        activation="silu",
+        gated=True,
+        shared_experts=0,
+        quantization="none",
+        routing="renormalize",
+    ),
+    DEEPSEEK: dict(
+        num_experts=256,
+        top_k=8,
+        hidden_size=7168,
+        intermediate_size=2048,
+        activation="silu",
+        gated=True,
+        shared_experts=1,
+        quantization="fp8",
+        routing="deepseek_v3",
+    ),
 }
 
 
@@ -45,7 +85,11 @@ def test_moe_intermediate_size_wins_over_dense_intermediate_size():
 def test_gpt_oss_is_interleaved_swigluoai_with_biases():
     """A gpt-oss config (swiglu_limit) means swigluoai experts with biases."""
     facts = model_facts_from_mapping(GPT_OSS)
-    assert (facts.value("model.activation"), facts.value("model.gated"), facts.value("model.has_bias")) == ("swigluoai", True, True)
+    assert (
+        facts.value("model.activation"),
+        facts.value("model.gated"),
+        facts.value("model.has_bias"),
+    ) == ("swigluoai", True, True)
 
 
 def test_nested_text_config_and_llama4_routing():
@@ -53,8 +97,12 @@ def test_nested_text_config_and_llama4_routing():
     config = {
         "architectures": ["Llama4ForConditionalGeneration"],
         "text_config": {
-            "model_type": "llama4_text", "num_local_experts": 16, "num_experts_per_tok": 1,
-            "hidden_size": 5120, "intermediate_size": 8192, "hidden_act": "silu",
+            "model_type": "llama4_text",
+            "num_local_experts": 16,
+            "num_experts_per_tok": 1,
+            "hidden_size": 5120,
+            "intermediate_size": 8192,
+            "hidden_act": "silu",
         },
     }
     facts = model_facts_from_mapping(config)
@@ -65,15 +113,24 @@ def test_nested_text_config_and_llama4_routing():
 
 def test_dbrx_style_ffn_config():
     """DBRX keeps its MoE keys under ffn_config."""
-    config = {"d_model": 6144, "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4, "ffn_hidden_size": 10752}}
+    config = {
+        "d_model": 6144,
+        "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4, "ffn_hidden_size": 10752},
+    }
     facts = model_facts_from_mapping(config)
-    assert (facts.value("model.num_experts"), facts.value("model.top_k"), facts.value("model.intermediate_size")) == (16, 4, 10752)
+    assert (
+        facts.value("model.num_experts"),
+        facts.value("model.top_k"),
+        facts.value("model.intermediate_size"),
+    ) == (16, 4, 10752)
 
 
 def test_yaml_model_file(tmp_path: Path):
     """A YAML file in the same keys works like config.json."""
     f = tmp_path / "model.yaml"
-    f.write_text("num_experts: 8\nnum_experts_per_tok: 2\nhidden_size: 64\nmoe_intermediate_size: 32\nhidden_act: gelu_pytorch_tanh\n")
+    f.write_text(
+        "num_experts: 8\nnum_experts_per_tok: 2\nhidden_size: 64\nmoe_intermediate_size: 32\nhidden_act: gelu_pytorch_tanh\n"
+    )
     facts = load_model(f)
     assert facts.value("model.activation") == "gelu_tanh"
     assert str(facts.facts["model.num_experts"][1]) == f"file:{f}:1:14"
@@ -85,22 +142,47 @@ def test_missing_expert_count_names_file_and_keys(tmp_path: Path):
     del config["num_local_experts"]
     f = tmp_path / "config.json"
     f.write_text(json.dumps(config, indent=2))
-    with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(f))}: no expert count: expected one of num_local_experts, num_experts, n_routed_experts"):
+    with pytest.raises(
+        PolicyError,
+        match=rf"^file:{re.escape(str(f))}: no expert count: expected one of num_local_experts, num_experts, n_routed_experts",
+    ):
         load_model(f)
 
 
 def test_contradictory_expert_counts(tmp_path: Path):
     """Two expert-count keys that disagree are refused, naming both."""
     f = tmp_path / "config.json"
-    f.write_text(json.dumps({"num_experts": 64, "n_routed_experts": 128, "num_experts_per_tok": 8, "hidden_size": 8, "moe_intermediate_size": 8}))
-    with pytest.raises(PolicyError, match=r"contradictory expert count: num_experts=64 .*n_routed_experts=128"):
+    f.write_text(
+        json.dumps(
+            {
+                "num_experts": 64,
+                "n_routed_experts": 128,
+                "num_experts_per_tok": 8,
+                "hidden_size": 8,
+                "moe_intermediate_size": 8,
+            }
+        )
+    )
+    with pytest.raises(
+        PolicyError, match=r"contradictory expert count: num_experts=64 .*n_routed_experts=128"
+    ):
         load_model(f)
 
 
 def test_unknown_activation(tmp_path: Path):
     """An activation we do not know is refused at its position."""
     f = tmp_path / "config.json"
-    f.write_text(json.dumps({"num_experts": 4, "num_experts_per_tok": 2, "hidden_size": 8, "moe_intermediate_size": 8, "hidden_act": "mish"}))
+    f.write_text(
+        json.dumps(
+            {
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "hidden_size": 8,
+                "moe_intermediate_size": 8,
+                "hidden_act": "mish",
+            }
+        )
+    )
     with pytest.raises(PolicyError, match=r":1:\d+: hidden_act: unknown activation 'mish'"):
         load_model(f)
 
@@ -108,7 +190,14 @@ def test_unknown_activation(tmp_path: Path):
 def test_top_k_above_expert_count(tmp_path: Path):
     """top-k larger than the expert count is contradictory."""
     with pytest.raises(PolicyError, match="top-k 9 exceeds the expert count 8"):
-        model_facts_from_mapping({"num_experts": 8, "num_experts_per_tok": 9, "hidden_size": 8, "moe_intermediate_size": 8})
+        model_facts_from_mapping(
+            {
+                "num_experts": 8,
+                "num_experts_per_tok": 9,
+                "hidden_size": 8,
+                "moe_intermediate_size": 8,
+            }
+        )
 
 
 def test_in_memory_configs_have_api_origin():

@@ -19,23 +19,32 @@ from moe_policy.catalog import load_catalog
 from tests.conftest import GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
 CATALOG = load_catalog()
-contexts = st.fixed_dictionaries({
-    "model": st.sampled_from([NEMOTRON, MIXTRAL, QWEN3, GPT_OSS]),
-    "platform": st.sampled_from(["cuda", "rocm", "cpu", "xpu", "tpu"]),
-    "capability": st.sampled_from(["8.0", "9.0", "10.0", "10.3", "11.0", "12.0"]),
-    "lora": st.booleans(),
-    "all2all": st.sampled_from(["none", "deepep_low_latency", "deepep_high_throughput", "flashinfer_nvlink_one_sided"]),
-    "dp": st.sampled_from([1, 2]),
-    "tp": st.sampled_from([1, 2]),
-    "eplb": st.booleans(),
-    "batch_invariant": st.booleans(),
-    "backend": st.one_of(st.none(), st.sampled_from(CATALOG.names)),
-    "mode": st.sampled_from(["warn", "strict"]),
-    "packages": st.one_of(st.none(), st.sampled_from([["torch", "triton"], ["torch"], ["torch", "triton", "flashinfer"]])),
-})
+contexts = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from([NEMOTRON, MIXTRAL, QWEN3, GPT_OSS]),
+        "platform": st.sampled_from(["cuda", "rocm", "cpu", "xpu", "tpu"]),
+        "capability": st.sampled_from(["8.0", "9.0", "10.0", "10.3", "11.0", "12.0"]),
+        "lora": st.booleans(),
+        "all2all": st.sampled_from(
+            ["none", "deepep_low_latency", "deepep_high_throughput", "flashinfer_nvlink_one_sided"]
+        ),
+        "dp": st.sampled_from([1, 2]),
+        "tp": st.sampled_from([1, 2]),
+        "eplb": st.booleans(),
+        "batch_invariant": st.booleans(),
+        "backend": st.one_of(st.none(), st.sampled_from(CATALOG.names)),
+        "mode": st.sampled_from(["warn", "strict"]),
+        "packages": st.one_of(
+            st.none(),
+            st.sampled_from([["torch", "triton"], ["torch"], ["torch", "triton", "flashinfer"]]),
+        ),
+    }
+)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=contexts)
 def test_request_differs_from_selection_only_with_an_override(make_selector, case):
     """Over random contexts and requests the override contract always holds."""

@@ -15,7 +15,9 @@ ENV_REQUEST = {"MOE_POLICY_BACKEND": "flashinfer_cutlass"}
 
 
 @pytest.mark.parametrize("target", ["h200", "b200"])
-def test_env_request_is_overridden_by_lora_with_a_structured_warning(make_selector, target, request):
+def test_env_request_is_overridden_by_lora_with_a_structured_warning(
+    make_selector, target, request
+):
     """flashinfer_cutlass from env:MOE_POLICY_BACKEND + LoRA -> triton, warned with code and origin."""
     dry = request.getfixturevalue(target)
     selector = make_selector(NEMOTRON, environ=ENV_REQUEST, lora=True, **dry)
@@ -25,16 +27,28 @@ def test_env_request_is_overridden_by_lora_with_a_structured_warning(make_select
     assert decision.outcome is Outcome.OVERRIDDEN
     override = decision.override
     assert override is not None
-    assert (override.requested, override.selected, override.reason_code, override.pass_name, override.origin) == (
-        "flashinfer_cutlass", "triton", ReasonCode.LORA_UNSUPPORTED, "lora", "env:MOE_POLICY_BACKEND",
+    assert (
+        override.requested,
+        override.selected,
+        override.reason_code,
+        override.pass_name,
+        override.origin,
+    ) == (
+        "flashinfer_cutlass",
+        "triton",
+        ReasonCode.LORA_UNSUPPORTED,
+        "lora",
+        "env:MOE_POLICY_BACKEND",
     )
     assert warned[0].message.override == override
     events = [e for e in logs if e["event"] == "moe_policy.request_overridden"]
     assert len(events) == 1
     assert events[0]["log_level"] == "warning"
     assert {k: events[0][k] for k in ("requested", "origin", "selected", "reason_code")} == {
-        "requested": "flashinfer_cutlass", "origin": "env:MOE_POLICY_BACKEND",
-        "selected": "triton", "reason_code": "lora_unsupported",
+        "requested": "flashinfer_cutlass",
+        "origin": "env:MOE_POLICY_BACKEND",
+        "selected": "triton",
+        "reason_code": "lora_unsupported",
     }
 
 
@@ -42,12 +56,16 @@ def test_env_request_is_overridden_by_lora_with_a_structured_warning(make_select
 def test_strict_mode_refuses_with_the_same_facts(make_selector, target, request):
     """In strict mode the override is a BackendOverrideError carrying request, origin and reason."""
     dry = request.getfixturevalue(target)
-    selector = make_selector(NEMOTRON, environ={**ENV_REQUEST, "MOE_POLICY_MODE": "strict"}, lora=True, **dry)
+    selector = make_selector(
+        NEMOTRON, environ={**ENV_REQUEST, "MOE_POLICY_MODE": "strict"}, lora=True, **dry
+    )
     with pytest.raises(BackendOverrideError) as info:
         selector.select()
     override = info.value.override
     assert (override.requested, override.origin, override.reason_code) == (
-        "flashinfer_cutlass", "env:MOE_POLICY_BACKEND", ReasonCode.LORA_UNSUPPORTED,
+        "flashinfer_cutlass",
+        "env:MOE_POLICY_BACKEND",
+        ReasonCode.LORA_UNSUPPORTED,
     )
     assert info.value.decision.backend == "triton"
     assert "env:MOE_POLICY_BACKEND" in str(info.value) and "lora_unsupported" in str(info.value)
@@ -63,13 +81,21 @@ def test_request_from_a_policy_file_carries_file_line_col(make_selector, h200, t
     assert decision.override is not None
     assert decision.override.origin == f"file:{policy}:3:10"
     assert decision.to_dict()["requested"] == {
-        "backend": "flashinfer_cutlass", "origin": f"file:{policy}:3:10", "adapted_from": None,
+        "backend": "flashinfer_cutlass",
+        "origin": f"file:{policy}:3:10",
+        "adapted_from": None,
     }
 
 
 def test_request_from_the_api_has_origin_api(make_selector, b200):
     """An API argument is the highest layer and is reported as origin `api`."""
-    selector = make_selector(NEMOTRON, environ={"MOE_POLICY_BACKEND": "triton"}, backend="flashinfer_cutlass", lora=True, **b200)
+    selector = make_selector(
+        NEMOTRON,
+        environ={"MOE_POLICY_BACKEND": "triton"},
+        backend="flashinfer_cutlass",
+        lora=True,
+        **b200,
+    )
     with pytest.warns(BackendOverrideWarning, match=re.escape("(from api)")):
         decision = selector.select()
     assert decision.override is not None and decision.override.origin == "api"
@@ -88,7 +114,9 @@ def test_without_lora_the_request_is_honoured_silently(make_selector, h200, recw
 
 def test_lora_with_deepep_low_latency_keeps_the_batched_format(make_selector, h200):
     """LoRA + batched format -> batched_triton (a batched backend with LoRA), never plain triton."""
-    decision = make_selector(NEMOTRON, lora=True, all2all="deepep_low_latency", ep=True, dp=2, **h200).select()
+    decision = make_selector(
+        NEMOTRON, lora=True, all2all="deepep_low_latency", ep=True, dp=2, **h200
+    ).select()
     assert decision.backend == "batched_triton"
     assert decision.activation_format == "batched"
     assert decision.candidate("triton").reason_code is ReasonCode.ACTIVATION_FORMAT_MISMATCH
@@ -97,10 +125,14 @@ def test_lora_with_deepep_low_latency_keeps_the_batched_format(make_selector, h2
 def test_triton_request_under_batched_format_becomes_batched_triton(make_selector, h200):
     """An explicit `triton` under the batched format is adapted, recorded and honoured."""
     with capture_logs() as logs:
-        decision = make_selector(NEMOTRON, backend="triton", lora=True, all2all="deepep_low_latency", **h200).select()
+        decision = make_selector(
+            NEMOTRON, backend="triton", lora=True, all2all="deepep_low_latency", **h200
+        ).select()
     assert (decision.backend, decision.outcome) == ("batched_triton", Outcome.HONORED)
     assert decision.requested is not None and decision.requested.adapted_from == "triton"
-    assert [e["adapted_to"] for e in logs if e["event"] == "moe_policy.request_adapted"] == ["batched_triton"]
+    assert [e["adapted_to"] for e in logs if e["event"] == "moe_policy.request_adapted"] == [
+        "batched_triton"
+    ]
 
 
 def test_sm100_gated_silu_lora_defaults_to_triton(make_selector, b200):
@@ -123,7 +155,10 @@ def test_a_policy_preferring_trtllm_picks_its_lora_variant(make_selector, b200, 
         "    reason: measured faster for our adapters\n"
     )
     decision = make_selector(QWEN3, policy_files=[str(policy)], lora=True, **b200).select()
-    assert (decision.backend, decision.experts_class) == ("flashinfer_trtllm", "TrtLlmBf16LoRAExperts")
+    assert (decision.backend, decision.experts_class) == (
+        "flashinfer_trtllm",
+        "TrtLlmBf16LoRAExperts",
+    )
 
 
 def test_trtllm_lora_needs_intermediate_multiple_of_128(make_selector, b200, tmp_path: Path):

@@ -35,24 +35,37 @@ def test_env_beats_policy_files_and_keeps_origin():
     """MOE_POLICY_BACKEND sets the request with origin env:MOE_POLICY_BACKEND."""
     settings = _settings({"MOE_POLICY_BACKEND": "Triton"})
     assert settings.request is not None
-    assert (settings.request.backend, settings.request.origin) == ("triton", "env:MOE_POLICY_BACKEND")
+    assert (settings.request.backend, settings.request.origin) == (
+        "triton",
+        "env:MOE_POLICY_BACKEND",
+    )
 
 
 def test_unknown_moe_policy_variable_is_an_error():
     """A misspelt MOE_POLICY_* variable is refused with a did-you-mean."""
-    with pytest.raises(PolicyError, match=r"^env:MOE_POLICY_BACKED: unknown environment variable MOE_POLICY_BACKED \(did you mean 'MOE_POLICY_BACKEND'\?\)"):
+    with pytest.raises(
+        PolicyError,
+        match=r"^env:MOE_POLICY_BACKED: unknown environment variable MOE_POLICY_BACKED \(did you mean 'MOE_POLICY_BACKEND'\?\)",
+    ):
         _settings({"MOE_POLICY_BACKED": "triton"})
 
 
 def test_bad_mode_value():
     """MOE_POLICY_MODE must be warn or strict."""
-    with pytest.raises(PolicyError, match=re.escape("env:MOE_POLICY_MODE: mode: expected one of warn, strict, got 'strct' (did you mean 'strict'?)")):
+    with pytest.raises(
+        PolicyError,
+        match=re.escape(
+            "env:MOE_POLICY_MODE: mode: expected one of warn, strict, got 'strct' (did you mean 'strict'?)"
+        ),
+    ):
         _settings({"MOE_POLICY_MODE": "strct"})
 
 
 def test_bad_backend_value():
     """An unknown backend in MOE_POLICY_BACKEND names the variable."""
-    with pytest.raises(PolicyError, match=r"^env:MOE_POLICY_BACKEND: unknown MoE backend 'flashinfer'"):
+    with pytest.raises(
+        PolicyError, match=r"^env:MOE_POLICY_BACKEND: unknown MoE backend 'flashinfer'"
+    ):
         _settings({"MOE_POLICY_BACKEND": "flashinfer"})
 
 
@@ -80,7 +93,10 @@ def test_aiter_sub_switch_off_removes_aiter():
     """VLLM_ROCM_USE_AITER_MOE=0 switches AITER off with that variable as the origin."""
     settings = _settings({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "0"})
     assert settings.request is None
-    assert (settings.context["rocm.aiter"].value, settings.context["rocm.aiter"].origin) == (False, "env:VLLM_ROCM_USE_AITER_MOE")
+    assert (settings.context["rocm.aiter"].value, settings.context["rocm.aiter"].origin) == (
+        False,
+        "env:VLLM_ROCM_USE_AITER_MOE",
+    )
 
 
 def test_batch_invariant():
@@ -92,9 +108,14 @@ def test_batch_invariant():
 
 def test_removed_flashinfer_knobs_are_honoured_as_a_request_with_a_deprecation():
     """VLLM_USE_FLASHINFER_MOE_FP16=1 + throughput -> request flashinfer_cutlass, notice names the replacement."""
-    settings = _settings({"VLLM_USE_FLASHINFER_MOE_FP16": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"})
+    settings = _settings(
+        {"VLLM_USE_FLASHINFER_MOE_FP16": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"}
+    )
     assert settings.request is not None
-    assert (settings.request.backend, settings.request.origin) == ("flashinfer_cutlass", "env:VLLM_FLASHINFER_MOE_BACKEND")
+    assert (settings.request.backend, settings.request.origin) == (
+        "flashinfer_cutlass",
+        "env:VLLM_FLASHINFER_MOE_BACKEND",
+    )
     notice = next(n for n in settings.notices if n.name == "VLLM_USE_FLASHINFER_MOE_FP16")
     assert notice.replacement == "MOE_POLICY_BACKEND=flashinfer_cutlass"
 
@@ -103,7 +124,11 @@ def test_flashinfer_fp16_off_forbids_both_flashinfer_backends():
     """VLLM_USE_FLASHINFER_MOE_FP16=0 becomes an env-origin forbid rule."""
     settings = _settings({"VLLM_USE_FLASHINFER_MOE_FP16": "0"})
     rule = next(r for r in settings.rules if r.id == "env-flashinfer-moe-fp16-off")
-    assert (rule.effect, rule.backends, rule.origin) == ("forbid", ("flashinfer_trtllm", "flashinfer_cutlass"), "env:VLLM_USE_FLASHINFER_MOE_FP16")
+    assert (rule.effect, rule.backends, rule.origin) == (
+        "forbid",
+        ("flashinfer_trtllm", "flashinfer_cutlass"),
+        "env:VLLM_USE_FLASHINFER_MOE_FP16",
+    )
 
 
 def test_our_variable_beats_the_vllm_request():
@@ -114,7 +139,9 @@ def test_our_variable_beats_the_vllm_request():
     assert ("aiter", "env:VLLM_ROCM_USE_AITER", "environment") in resolved.history
 
 
-@pytest.mark.parametrize("name", ["VLLM_MOE_FORCE_MARLIN", "VLLM_FUSED_MOE_CHUNK_SIZE", "VLLM_SOME_MOE_KNOB"])
+@pytest.mark.parametrize(
+    "name", ["VLLM_MOE_FORCE_MARLIN", "VLLM_FUSED_MOE_CHUNK_SIZE", "VLLM_SOME_MOE_KNOB"]
+)
 def test_other_vllm_moe_variables_are_reported_as_no_effect(name):
     """Any other VLLM_*MOE* variable produces a knob_ignored notice naming it."""
     settings = _settings({name: "1"})

@@ -13,7 +13,9 @@ from moe_policy.settings import resolve_settings
 
 
 def _settings(*files: Path, environ=None):
-    return resolve_settings(load_catalog(), policy_files=[str(f) for f in files], environ=environ or {})
+    return resolve_settings(
+        load_catalog(), policy_files=[str(f) for f in files], environ=environ or {}
+    )
 
 
 def test_later_file_wins_and_history_keeps_the_beaten_values(tmp_path: Path):
@@ -25,7 +27,8 @@ def test_later_file_wins_and_history_keeps_the_beaten_values(tmp_path: Path):
     resolved = _settings(a, b).values["mode"]
     assert (resolved.value, resolved.origin) == ("warn", f"file:{b}:2:7")
     assert [(v, o) for v, o, _ in resolved.history] == [
-        ("warn", resolved.history[0][1]), ("strict", f"file:{a}:1:7"),
+        ("warn", resolved.history[0][1]),
+        ("strict", f"file:{a}:1:7"),
     ]
     assert resolved.history[0][1].startswith("file:configs/default.yaml:")
 
@@ -53,13 +56,18 @@ def test_rule_with_same_id_replaces_the_builtin_one(tmp_path: Path):
     settings = _settings(f)
     rule = next(r for r in settings.rules if r.id == "hopper-demotes-flashinfer")
     assert rule.action == "audit" and rule.origin == f"file:{f}:2:5"
-    assert [old.origin.split(":")[1] for old, _new in settings.replaced_rules] == ["configs/default.yaml"]
+    assert [old.origin.split(":")[1] for old, _new in settings.replaced_rules] == [
+        "configs/default.yaml"
+    ]
 
 
 def test_missing_policy_file_names_where_it_was_listed(tmp_path: Path):
     """A listed file that does not exist is an error naming the list's origin."""
     missing = tmp_path / "nope.yaml"
-    with pytest.raises(PolicyError, match=rf"^env:MOE_POLICY_FILES: policy file '{re.escape(str(missing))}' not found$"):
+    with pytest.raises(
+        PolicyError,
+        match=rf"^env:MOE_POLICY_FILES: policy file '{re.escape(str(missing))}' not found$",
+    ):
         resolve_settings(load_catalog(), environ={"MOE_POLICY_FILES": str(missing)})
 
 
@@ -75,7 +83,10 @@ def test_unknown_key_has_did_you_mean(tmp_path: Path):
     """A misspelt top-level key is an error at its position, with a suggestion."""
     f = tmp_path / "p.yaml"
     f.write_text("mode: warn\nbakend: triton\n")
-    with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(f))}:2:1: unknown key 'bakend' \(did you mean 'backend'\?\)"):
+    with pytest.raises(
+        PolicyError,
+        match=rf"^file:{re.escape(str(f))}:2:1: unknown key 'bakend' \(did you mean 'backend'\?\)",
+    ):
         _settings(f)
 
 
@@ -83,7 +94,10 @@ def test_wrong_type_names_the_key(tmp_path: Path):
     """A value of the wrong type names the key, the value and the position."""
     f = tmp_path / "p.yaml"
     f.write_text("mode: 3\n")
-    with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(f))}:1:7: mode: expected one of warn, strict, got 3$"):
+    with pytest.raises(
+        PolicyError,
+        match=rf"^file:{re.escape(str(f))}:1:7: mode: expected one of warn, strict, got 3$",
+    ):
         _settings(f)
 
 
@@ -91,15 +105,23 @@ def test_unknown_backend_typo(tmp_path: Path):
     """A misspelt backend name gets a did-you-mean."""
     f = tmp_path / "p.yaml"
     f.write_text("backend: flashinfer_cutlas\n")
-    with pytest.raises(PolicyError, match=r"1:10: unknown MoE backend 'flashinfer_cutlas' \(did you mean 'flashinfer_cutlass'\?\)"):
+    with pytest.raises(
+        PolicyError,
+        match=r"1:10: unknown MoE backend 'flashinfer_cutlas' \(did you mean 'flashinfer_cutlass'\?\)",
+    ):
         _settings(f)
 
 
 def test_rule_condition_on_unknown_context_key(tmp_path: Path):
     """A condition on a key outside the vocabulary is an error with a suggestion."""
     f = tmp_path / "p.yaml"
-    f.write_text("rules:\n  - {id: r, when: {paralel.tp: 2}, effect: forbid, backends: [triton], reason: x}\n")
-    with pytest.raises(PolicyError, match=r"2:20: condition on unknown context key 'paralel.tp' \(did you mean 'parallel.tp'\?\)"):
+    f.write_text(
+        "rules:\n  - {id: r, when: {paralel.tp: 2}, effect: forbid, backends: [triton], reason: x}\n"
+    )
+    with pytest.raises(
+        PolicyError,
+        match=r"2:20: condition on unknown context key 'paralel.tp' \(did you mean 'parallel.tp'\?\)",
+    ):
         _settings(f)
 
 
@@ -126,11 +148,21 @@ def test_nested_sections_report_unknown_names_and_wrong_types():
     parse_policy_document(parse_yaml_text(text, "p.yaml"), load_catalog(), sink)
     assert [(p.code, p.origin, p.message) for p in sink.problems] == [
         ("unknown-key", "file:p.yaml:1:9", "unknown key 'audit.pth' (did you mean 'path'?)"),
-        ("unknown-key", "file:p.yaml:2:12", "priority: unknown platform 'cdua' (did you mean 'cuda'?)"),
-        ("invalid-value", "file:p.yaml:3:25",
-         "rule a: effect must be one of forbid, require, prefer, demote, got 'forbd' (did you mean 'forbid'?)"),
-        ("invalid-value", "file:p.yaml:3:40",
-         "rule a: action must be one of enforce, audit, got 'adit' (did you mean 'audit'?)"),
+        (
+            "unknown-key",
+            "file:p.yaml:2:12",
+            "priority: unknown platform 'cdua' (did you mean 'cuda'?)",
+        ),
+        (
+            "invalid-value",
+            "file:p.yaml:3:25",
+            "rule a: effect must be one of forbid, require, prefer, demote, got 'forbd' (did you mean 'forbid'?)",
+        ),
+        (
+            "invalid-value",
+            "file:p.yaml:3:40",
+            "rule a: action must be one of enforce, audit, got 'adit' (did you mean 'audit'?)",
+        ),
     ]
     sink = ProblemSink(strict=False)
     parse_policy_document(parse_yaml_text("audit: 3\n", "p.yaml"), load_catalog(), sink)
