@@ -241,6 +241,30 @@ def tune_point(shape: MoEShape, t: int, cands: list[MoEConfig]) -> tuple[MoEConf
     return best[1], log
 
 
+def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, triton_version: str,
+                      out: str) -> str:  # fmt: skip
+    """Write one tuned file (token count -> config dict); returns its path."""
+    payload = {"triton_version": triton_version, "device_name": device, "configs": table}
+    path = os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
+    os.makedirs(out, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    return path
+
+
+def write_from_log(log_path: str, out: str) -> None:
+    """Config files from a tuning log (the GPU machine cannot return names with '=' or ',')."""
+    with open(log_path) as f:
+        logs = json.load(f)
+    tables: dict[str, dict[str, Any]] = {}
+    for key, point in logs["points"].items():
+        name, t = key.split("/")
+        tables.setdefault(name, {})[t] = point["best"]
+    for name, table in tables.items():
+        path = write_config_file(SHAPES[name], table, logs["device"], logs["triton"], out)
+        print(f"# wrote {path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -252,7 +276,11 @@ def main() -> None:
     p.add_argument(
         "--deadline-s", type=float, default=1e9, help="stop timing new points after this"
     )
+    p.add_argument("--from-log", help="write the config files of a tune_log.json and exit")
     args = p.parse_args()
+    if args.from_log:
+        write_from_log(args.from_log, args.out)
+        return
 
     import multiprocessing as mp
 
@@ -284,16 +312,12 @@ def main() -> None:
                 continue
             best, log = tune_point(shape, t, plan[(s, t)])
             table[str(t)] = best.to_dict()
-            logs["points"][f"{s}/{t}"] = log
+            logs["points"][f"{s}/{t}"] = {**log, "best": best.to_dict()}
             print(f"{s:15s} T={t:5d} best {log['best_us']:9.1f}us heuristic {log['heuristic_us']}us "
                   f"-> {best}", flush=True)  # fmt: skip
         if not table:
             continue
-        payload = {"triton_version": triton.__version__, "device_name": device, "configs": table}
-        path = os.path.join(args.out, config_file_name(shape.num_experts, shape.inter, device))
-        os.makedirs(args.out, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(payload, f, indent=1)
+        path = write_config_file(shape, table, device, triton.__version__, args.out)
         print(f"# wrote {path}", flush=True)
     with open(os.path.join(args.out, "tune_log.json"), "w") as f:
         json.dump(logs, f)
