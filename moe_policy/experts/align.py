@@ -26,8 +26,9 @@ Limits. Pairs whose expert id is outside ``[0, E)`` (experts on another rank) ar
 The order of pairs inside one expert is not stable (GPU atomics hand out the ranks); the
 GEMMs treat rows independently, so results do not depend on it. ``E`` up to 1024.
 Small problems (``numel <= FUSED_MAX``) use one program of one kernel; larger ones use a
-zero-filled counter buffer, a counting kernel, an offsets kernel (one chunk of blocks per
-program, each recomputing the prefix sums) and a scatter kernel.
+zero-filled counter buffer, a counting kernel, an offsets kernel (a few programs, each
+recomputing the prefix sums and writing every expert's j-th block for its share of j) and a
+scatter kernel.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ import triton.language as tl
 FUSED_MAX = 1024
 #: Pairs per program in the multi-program path.
 _CHUNK = 1024
-#: Blocks per step when ``expert_ids`` is written.
+#: Blocks per step when ``-1`` is written past the end of ``expert_ids``.
 _BLOCK_CHUNK = 64
+#: Programs of the multi-program offsets kernel.
+_OFFSET_PROGRAMS = 8
 
 
 class AlignedRouting(NamedTuple):
@@ -66,9 +69,8 @@ def max_blocks_for(numel: int, num_experts: int, block_m: int) -> int:
 def _offsets_and_blocks(
     counts,
     bins,
-    first_chunk,
-    num_chunks,
-    write_head,
+    prog,
+    num_progs,
     # pointers
     sorted_ids_ptr,
     expert_ids_ptr,
@@ -83,36 +85,32 @@ def _offsets_and_blocks(
     BLOCK_M: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
 ):
-    """From per-expert counts, for blocks of chunks ``first_chunk ..+ num_chunks``: expert_ids,
-    block_rows and the sentinel padding; with ``write_head`` also num_padded and cursor (the
-    start of each expert). Every program recomputes the prefix sums (a few hundred bins)."""
-    # padded sizes and their exclusive prefix sum (bins >= num_experts hold dropped pairs)
+    """From per-expert counts: expert_ids and block_rows, written expert-parallel (step ``j``
+    writes block ``j`` of every expert that has one; program ``prog`` of ``num_progs`` takes
+    every ``num_progs``-th step), ``-1`` for blocks past the end; program 0 also writes
+    num_padded, the cursor (start row of each expert) and the sentinel padding."""
+    # block counts per expert and their exclusive prefix sums (bins >= num_experts hold
+    # dropped pairs); every program recomputes them, a few hundred bins
     valid = bins < num_experts
     real = tl.where(valid, counts, 0)
-    padded = ((real + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-    ends = tl.cumsum(padded, 0)
-    total = tl.sum(padded, 0)
-    if write_head:
-        tl.store(num_padded_ptr, total)
-        tl.store(cursor_ptr + bins, ends - padded, mask=valid)
-    # per block: its expert (experts whose padded range ends at or before it), that expert's
-    # padded and unpadded starts and its count; rows past the count get the sentinel
-    offs_j = tl.arange(0, BLOCK_M)
-    for c in range(first_chunk, first_chunk + num_chunks):
-        offs_b = c * BLOCK_CHUNK + tl.arange(0, BLOCK_CHUNK)
-        b_mask = offs_b < max_blocks
-        first_row = offs_b * BLOCK_M
-        live = first_row < total
-        ended = (ends[None, :] <= first_row[:, None]) & valid[None, :]
-        expert = tl.sum(ended.to(tl.int32), 1)
-        tl.store(expert_ids_ptr + offs_b, tl.where(live, expert, -1), mask=b_mask)
-        pstart = tl.sum(tl.where(ended, padded[None, :], 0), 1)
-        ustart = tl.sum(tl.where(ended, real[None, :], 0), 1)
-        tl.store(block_rows_ptr + offs_b, ustart + first_row - pstart, mask=b_mask)
-        count = tl.sum(tl.where(bins[None, :] == expert[:, None], real[None, :], 0), 1)
-        in_block = first_row - pstart  # rows of this expert before the block
-        pad = (b_mask & live)[:, None] & (in_block[:, None] + offs_j[None, :] >= count[:, None])
-        tl.store(sorted_ids_ptr + first_row[:, None] + offs_j[None, :], numel, mask=pad)
+    nblk = (real + BLOCK_M - 1) // BLOCK_M
+    bstart = tl.cumsum(nblk, 0) - nblk
+    ustart = tl.cumsum(real, 0) - real
+    total = tl.sum(nblk, 0)
+    if prog == 0:
+        tl.store(num_padded_ptr, total * BLOCK_M)
+        tl.store(cursor_ptr + bins, bstart * BLOCK_M, mask=valid)
+        offs_j = tl.arange(0, BLOCK_M)
+        pad_pos = (bstart * BLOCK_M + real)[:, None] + offs_j[None, :]
+        pad_mask = valid[:, None] & (offs_j[None, :] < (nblk * BLOCK_M - real)[:, None])
+        tl.store(sorted_ids_ptr + pad_pos, numel, mask=pad_mask)
+    for j in range(prog, tl.max(nblk, 0), num_progs):
+        has = valid & (j < nblk)
+        tl.store(expert_ids_ptr + bstart + j, bins, mask=has)
+        tl.store(block_rows_ptr + bstart + j, ustart + j * BLOCK_M, mask=has)
+    for b0 in range(total + prog * BLOCK_CHUNK, max_blocks, num_progs * BLOCK_CHUNK):
+        offs_b = b0 + tl.arange(0, BLOCK_CHUNK)
+        tl.store(expert_ids_ptr + offs_b, -1, mask=offs_b < max_blocks)
 
 
 @triton.jit
@@ -145,7 +143,7 @@ def _align_fused_kernel(
     counts = tl.histogram(ids, NUM_BINS)
     # offsets, padding, expert ids; cursor[e] = start of expert e
     _offsets_and_blocks(
-        counts, bins, 0, tl.cdiv(max_blocks, BLOCK_CHUNK), True,
+        counts, bins, 0, 1,
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
         numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK,
     )  # fmt: skip
@@ -198,13 +196,12 @@ def _align_offsets_kernel(
     NUM_BINS: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
 ):
-    """One chunk of blocks per program: expert ids, block rows and sentinels from the counts;
-    program 0 also writes num_padded and the cursor."""
-    pid = tl.program_id(0)
+    """Expert ids and block rows from the counts, steps shared by the programs; program 0
+    also writes num_padded, the cursor and the sentinels."""
     bins = tl.arange(0, NUM_BINS)
     counts = tl.load(counts_ptr + bins, mask=bins < num_experts, other=0)
     _offsets_and_blocks(
-        counts, bins, pid, 1, pid == 0,
+        counts, bins, tl.program_id(0), tl.num_programs(0),
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
         numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK,
     )  # fmt: skip
@@ -271,7 +268,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Aligned
         _align_count_kernel[grid](
             topk_ids, counts, numel, num_experts, NUM_BINS=num_bins, CHUNK=_CHUNK
         )
-        _align_offsets_kernel[(triton.cdiv(max_blocks, _BLOCK_CHUNK),)](
+        _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
             counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,

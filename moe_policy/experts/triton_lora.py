@@ -61,6 +61,7 @@ def lora_expand_operands(
     slot,
     pairs,
     offs_n,
+    col_mask,
     expert,
     c0,
     # pointers
@@ -81,7 +82,8 @@ def lora_expand_operands(
     LR_BLOCK: tl.constexpr,
     U_SPLIT: tl.constexpr,  # split-K partials of u to sum (fixed order)
 ):
-    """Slot-expanded u [BLOCK_M, LR_BLOCK] and B [LR_BLOCK, BLOCK_N] for columns c0.. of the chunk.
+    """Slot-expanded u [BLOCK_M, LR_BLOCK] and B [LR_BLOCK, len(offs_n)] for columns c0.. of
+    the chunk; B's output columns outside ``col_mask`` are zero.
 
     Column ``c`` stands for (slot ``c // BLOCK_R``, rank index ``c % BLOCK_R``): a row holds its u
     in its own slot's columns and zeros elsewhere, so ``u @ B`` applies each row's adapter.
@@ -97,7 +99,7 @@ def lora_expand_operands(
     present = tl.max(u_mask.to(tl.int32), 0) > 0  # columns of a slot used in this block
     b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + col_slot[:, None] * stride_lbl
     b_ptrs += col_r[:, None] * stride_lbr + offs_n[None, :] * stride_lbn
-    b = tl.load(b_ptrs, mask=present[:, None], other=0.0)
+    b = tl.load(b_ptrs, mask=present[:, None] & col_mask[None, :], other=0.0)
     return u, b
 
 

@@ -148,6 +148,8 @@ def test_lora_split_k_shrink_matches_reference(device):
 TILES_64 = tc.MoEConfig(
     64, tc.GemmConfig(32, 32, 4, 4, 2, one_dot=True), tc.GemmConfig(32, 32, 4, 4, 2)
 )
+#: Gated GEMM 1 as two dots (gate and up accumulators apart): each takes its own delta dot.
+TILES_64_TWO_DOT = tc.MoEConfig(64, tc.GemmConfig(32, 32, 4, 4, 2), tc.GemmConfig(32, 32, 4, 4, 2))
 #: The same through TMA descriptors (GEMM 2 reads the expert-sorted activation as boxes).
 TILES_64_TMA = tc.MoEConfig(
     64, tc.GemmConfig(32, 32, 4, 4, 2, tma=True), tc.GemmConfig(32, 32, 4, 4, 2, tma=True)
@@ -161,9 +163,11 @@ TILES_64_TMA = tc.MoEConfig(
         (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64, 64, [64, 8, 40]),
         (ExpertsConfig(8, 48, 32, 2, "swigluoai", has_bias=True), None, 64, [64, 16, 8]),
         (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64_TMA, 16, [16, 8, 16]),
+        (ExpertsConfig(8, 64, 48, 2, "gelu", has_bias=True), TILES_64_TWO_DOT, 16, [8, 16, 16]),
         (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64_TMA, 32, [32, 8, 24]),
     ],
-    ids=["bm64-one-dot", "bm64-rank64-chunks", "rank64-chunks", "bm64-tma", "bm64-tma-relu2"],
+    ids=["bm64-one-dot", "bm64-rank64-chunks", "rank64-chunks", "bm64-tma", "bm64-two-dot",
+         "bm64-tma-relu2"],  # fmt: skip
 )
 def test_lora_large_tiles_and_ranks(cfg, tiles, max_rank, ranks, device):
     """Delta-first large tiles and rank 64 (several slot chunks) match the reference."""
