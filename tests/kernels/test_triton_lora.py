@@ -166,8 +166,14 @@ TILES_64_TMA = tc.MoEConfig(
         (ExpertsConfig(8, 64, 48, 2, "gelu", has_bias=True), TILES_64_TWO_DOT, 16, [8, 16, 16]),
         (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64_TMA, 32, [32, 8, 24]),
     ],
-    ids=["bm64-one-dot", "bm64-rank64-chunks", "rank64-chunks", "bm64-tma", "bm64-two-dot",
-         "bm64-tma-relu2"],  # fmt: skip
+    ids=[
+        "bm64-one-dot",
+        "bm64-rank64-chunks",
+        "rank64-chunks",
+        "bm64-tma",
+        "bm64-two-dot",
+        "bm64-tma-relu2",
+    ],
 )
 def test_lora_large_tiles_and_ranks(cfg, tiles, max_rank, ranks, device):
     """Delta-first large tiles and rank 64 (several slot chunks) match the reference."""
