@@ -109,44 +109,55 @@ def lora_expand_loop(
     slot,
     pairs,
     offs_n,
+    col_slice,
     expert,
     # pointers
-    u_ptr,  # [U_SPLIT, numel, R] float32 shrink output of this slice
-    lb_ptr,  # B of this slice, [L, E, N, R]
+    u_ptr,  # [U_SPLIT, S, numel, R] float32 shrink output, first slice of this call
+    lb_ptr,  # B, [S, L, E, N, R], first slice of this call
     # sizes
     num_slots,
     rank,
     # strides
     stride_uk,
+    stride_us,
     stride_um,
     stride_ur,
+    stride_lbs,
     stride_lbl,
     stride_lbe,
     stride_lbn,
     stride_lbr,
     # constexpr
     BLOCK_R: tl.constexpr,
+    NUM_SLICES: tl.constexpr,  # 2: acc columns interleave two slices (col_slice says which)
     U_SPLIT: tl.constexpr,
     DTYPE: tl.constexpr,  # compute dtype of the dot
 ):
     """``acc + u @ B[slot, expert]^T`` for rows with an adapter: one small dot per slot present.
 
-    Used after the main loop of large tiles, where it measured faster than the slot-expanded
-    single dot (H200, 2026-11-29)."""
-    offs_r = tl.arange(0, BLOCK_R)
-    r_mask = offs_r < rank
+    Accumulator column ``c`` is output column ``offs_n[c]`` of slice ``col_slice[c]``; with two
+    slices the dot's K axis holds both slices' ranks interleaved and B is zero where the slices
+    differ, so a one-dot gated tile takes its gate and up deltas in its own accumulator layout
+    (before the gate/up split). Used after the main loop of large tiles, where it measured
+    faster than the slot-expanded single dot (H200, 2026-11-29: the wide operands spill)."""
+    q = tl.arange(0, NUM_SLICES * BLOCK_R)
+    q_slice = q % NUM_SLICES
+    q_r = q // NUM_SLICES
+    r_mask = q_r < rank
     u_mask = (slot >= 0)[:, None] & r_mask[None, :]
-    u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um + offs_r[None, :] * stride_ur
+    u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um
+    u_ptrs += (q_slice * stride_us + q_r * stride_ur)[None, :]
     u = tl.load(u_ptrs, mask=u_mask, other=0.0)
     for sp in tl.static_range(1, U_SPLIT):
         u += tl.load(u_ptrs + sp * stride_uk, mask=u_mask, other=0.0)
-    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + offs_r[:, None] * stride_lbr
-    b_ptrs += offs_n[None, :] * stride_lbn
+    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe
+    b_ptrs += (q_slice * stride_lbs + q_r * stride_lbr)[:, None] + offs_n[None, :] * stride_lbn
+    b_mask = r_mask[:, None] & (q_slice[:, None] == col_slice[None, :])
     for sid in range(0, num_slots):
         sel = slot == sid
         if tl.sum(sel.to(tl.int32), 0) > 0:
             u_s = tl.where(sel[:, None], u, 0.0).to(DTYPE)
-            b_s = tl.load(b_ptrs + sid * stride_lbl, mask=r_mask[:, None], other=0.0).to(DTYPE)
+            b_s = tl.load(b_ptrs + sid * stride_lbl, mask=b_mask, other=0.0).to(DTYPE)
             acc = tl.dot(u_s, b_s, acc)
     return acc
 

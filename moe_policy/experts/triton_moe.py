@@ -60,8 +60,6 @@ ACTIVATION_CODES = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu2": 4, "swigluoai
 #: Router-weight position codes: not applied / before the bias (on input) / after it (on output).
 _WEIGHT_NONE, _WEIGHT_INPUT, _WEIGHT_OUTPUT = 0, 1, 2
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: Largest BLOCK_M whose LoRA delta is one slot-expanded dot (else one small dot per slot).
-SLOT_DOT_MAX_BLOCK_M = 256
 #: Below this many M blocks the LoRA shrink splits K (up to 8 parts) to fill the GPU.
 SHRINK_MIN_PROGRAMS = 128
 
@@ -154,8 +152,7 @@ def _moe_gemm_kernel(
     WEIGHT_POS: tl.constexpr,  # 0 none, 1 before bias (on input), 2 after bias (on output)
     HAS_BIAS: tl.constexpr,
     HAS_LORA: tl.constexpr,
-    LORA_SLOT_DOT: tl.constexpr,  # LoRA delta as one slot-expanded dot per slice (one chunk)
-    LORA_PREFETCH: tl.constexpr,  # small tiles: its operands loaded before the main loop
+    LORA_PREFETCH: tl.constexpr,  # small tiles: slot-expanded LoRA operands before the loop
     NAIVE: tl.constexpr,
     ONE_DOT: tl.constexpr,  # gated: one [BLOCK_M, 2 BLOCK_N] dot instead of two
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks
@@ -184,35 +181,31 @@ def _moe_gemm_kernel(
         return
     pair_mask = pairs < numel
 
-    # LoRA: slot of each row. The slot-expanded form adds the delta as one more dot per slice
-    # into the main accumulator (for a one-dot gated tile, gate deltas go to its even columns
-    # and up deltas to its odd ones); small tiles fetch its operands before the main loop
+    # LoRA: slot of each row and, per accumulator column, its output column and slice (a
+    # one-dot gated tile interleaves gate and up). Small tiles fetch slot-expanded operands
+    # before the main loop and add the delta as one dot per slice after it.
     if HAS_LORA:
         slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
-        offs_lb = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-        if LORA_SLOT_DOT:
-            if GATED and ONE_DOT:
-                cols_lb = tl.arange(0, 2 * BLOCK_N)
-                n_lb = (pid_n * BLOCK_N + cols_lb // 2) % N
-                m_gate = cols_lb % 2 == 0
-                m_up = cols_lb % 2 == 1
-            else:
-                n_lb = offs_lb
-                m_gate = offs_lb >= 0
-                m_up = m_gate
-            if LORA_PREFETCH:
-                u0, lb0 = lora_expand_operands(
-                    slot, pairs, n_lb, m_gate, expert, 0, lora_u_ptr, lora_b_ptr, lora_rank,
+        if GATED and ONE_DOT:
+            cols_lb = tl.arange(0, 2 * BLOCK_N)
+            n_lb = (pid_n * BLOCK_N + cols_lb // 2) % N
+            slice_lb = cols_lb % 2
+        else:
+            n_lb = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+            slice_lb = n_lb * 0
+        if LORA_PREFETCH:
+            u0, lb0 = lora_expand_operands(
+                slot, pairs, n_lb, slice_lb == 0, expert, 0, lora_u_ptr, lora_b_ptr, lora_rank,
+                stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, LR_BLOCK, U_SPLIT,
+            )  # fmt: skip
+            if GATED:
+                u1, lb1 = lora_expand_operands(
+                    slot, pairs, n_lb, (slice_lb == 1) | (not ONE_DOT), expert, 0,
+                    lora_u_ptr + stride_us, lora_b_ptr + stride_lbs, lora_rank,
                     stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
                     BLOCK_R, LR_BLOCK, U_SPLIT,
                 )  # fmt: skip
-                if GATED:
-                    u1, lb1 = lora_expand_operands(
-                        slot, pairs, n_lb, m_up, expert, 0, lora_u_ptr + stride_us,
-                        lora_b_ptr + stride_lbs, lora_rank,
-                        stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn,
-                        stride_lbr, BLOCK_R, LR_BLOCK, U_SPLIT,
-                    )  # fmt: skip
 
     # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
     # this expert, [BLOCK_K, B_COLS]; gated one-dot tiles hold the interleaved gate/up rows of
@@ -263,46 +256,35 @@ def _moe_gemm_kernel(
             acc_u = tl.dot(a, b_u, acc_u)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    # epilogue 1: LoRA delta u @ B^T for rows with an adapter (exactly zero for the others)
+    # epilogue 1: LoRA delta u @ B^T for rows with an adapter (exactly zero for the others),
+    # into the accumulators as the MMA left them (before a one-dot tile's gate/up split)
     if HAS_LORA:
         dt = b_ptr.dtype.element_ty
-        if LORA_SLOT_DOT:
-            if not LORA_PREFETCH:
-                u0, lb0 = lora_expand_operands(
-                    slot, pairs, n_lb, m_gate, expert, 0, lora_u_ptr, lora_b_ptr, lora_rank,
-                    stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                    BLOCK_R, LR_BLOCK, U_SPLIT,
-                )  # fmt: skip
-                if GATED:
-                    u1, lb1 = lora_expand_operands(
-                        slot, pairs, n_lb, m_up, expert, 0, lora_u_ptr + stride_us,
-                        lora_b_ptr + stride_lbs, lora_rank,
-                        stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn,
-                        stride_lbr, BLOCK_R, LR_BLOCK, U_SPLIT,
-                    )  # fmt: skip
+        if LORA_PREFETCH:
             acc_b = tl.dot(u0.to(dt), lb0.to(dt), acc_b)
             if GATED and ONE_DOT:
                 acc_b = tl.dot(u1.to(dt), lb1.to(dt), acc_b)
             elif GATED:
                 acc_u = tl.dot(u1.to(dt), lb1.to(dt), acc_u)
+        else:
+            acc_b = lora_expand_loop(
+                acc_b, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr, lora_b_ptr,
+                num_slots, lora_rank, stride_uk, stride_us, stride_um, stride_ur,
+                stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, 2 if (GATED and ONE_DOT) else 1, U_SPLIT, dt,
+            )  # fmt: skip
+            if GATED and not ONE_DOT:
+                acc_u = lora_expand_loop(
+                    acc_u, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr + stride_us,
+                    lora_b_ptr + stride_lbs, num_slots, lora_rank,
+                    stride_uk, stride_us, stride_um, stride_ur,
+                    stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                    BLOCK_R, 1, U_SPLIT, dt,
+                )  # fmt: skip
     if GATED and ONE_DOT:  # even columns are gate, odd columns up
         acc, acc_u = tl.split(tl.reshape(acc_b, (BLOCK_M, BLOCK_N, 2)))
     else:
         acc = acc_b
-    # ranks x slots wider than one chunk: one small dot per slot present, after the split
-    if HAS_LORA and not LORA_SLOT_DOT:
-        acc = lora_expand_loop(
-            acc, slot, pairs, offs_lb, expert, lora_u_ptr, lora_b_ptr, num_slots, lora_rank,
-            stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-            BLOCK_R, U_SPLIT, dt,
-        )  # fmt: skip
-        if GATED:
-            acc_u = lora_expand_loop(
-                acc_u, slot, pairs, offs_lb, expert, lora_u_ptr + stride_us,
-                lora_b_ptr + stride_lbs, num_slots, lora_rank,
-                stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, U_SPLIT, dt,
-            )  # fmt: skip
 
     # epilogue 2: router weight, bias, activation (the order of the reference)
     if WEIGHT_POS != 0:
@@ -580,7 +562,6 @@ def fused_moe_triton(
     bias1 = w13_bias if w13_bias is not None else x
     common = dict(
         NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, LR_BLOCK=lr_block, TOP_K=k,
-        LORA_SLOT_DOT=has_lora and chunks == 1 and bm <= SLOT_DOT_MAX_BLOCK_M,
         LORA_PREFETCH=has_lora and chunks == 1 and bm <= 32 and split == 1,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit),
     )  # fmt: skip

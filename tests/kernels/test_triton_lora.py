@@ -275,3 +275,39 @@ def test_lora_shape_errors(device):
         ValueError, match=r"token_lora_mapping must be contiguous int32 \[T=3\].*int64"
     ):
         fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti, lora=lora_context(ad2, bad_map))
+
+
+#: BLOCK_M 16 tiles, without TMA (gated GEMM 1 as two dots) and with it (one dot).
+TILES_16_TWO_DOT = tc.MoEConfig(16, tc.GemmConfig(32, 32, 1, 4, 2), tc.GemmConfig(32, 32, 1, 4, 2))
+TILES_16_TMA = tc.MoEConfig(
+    16, tc.GemmConfig(32, 32, 1, 4, 2, tma=True), tc.GemmConfig(32, 32, 1, 4, 2, tma=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "tiles"),
+    [
+        (ExpertsConfig(64, 32, 32, 4, "silu"), TILES_16_TMA),
+        (ExpertsConfig(64, 32, 32, 4, "gelu"), TILES_16_TWO_DOT),
+        (ExpertsConfig(64, 32, 48, 4, "relu2", gated=False), TILES_16_TMA),
+    ],
+    ids=["one-dot", "two-dot", "nongated"],
+)
+def test_lora_prefetched_operands_match_reference(cfg, tiles, device):
+    """Enough blocks for an unsplit shrink: small tiles fetch slot-expanded LoRA operands
+    before the main loop (the decode path of real batches)."""
+    from moe_policy.experts.align import max_blocks_for
+    from moe_policy.experts.triton_moe import SHRINK_MIN_PROGRAMS
+
+    t = 32  # 128 pairs over 64 experts: 72 block slots, most of them used once
+    assert SHRINK_MIN_PROGRAMS // max_blocks_for(t * cfg.top_k, cfg.num_experts, 16) == 1
+    dtype = dtypes_for_device()[0]
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(t, cfg.hidden_size, dtype, device)
+    tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, device, seed=3)
+    ad = make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 4], dtype=dtype, device=device)
+    ctx = lora_context(ad, lora_mapping(t, "some_none", 4, device))
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=tiles)
+    out = backend.apply(x, tw, ti, ctx)
+    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
