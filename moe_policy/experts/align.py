@@ -84,11 +84,13 @@ def _offsets_and_blocks(
     # constexpr
     BLOCK_M: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
+    SENT_COLS: tl.constexpr = 16,
 ):
     """From per-expert counts: expert_ids and block_rows, written expert-parallel (step ``j``
     writes block ``j`` of every expert that has one; program ``prog`` of ``num_progs`` takes
-    every ``num_progs``-th step), ``-1`` for blocks past the end; program 0 also writes
-    num_padded, the cursor (start row of each expert) and the sentinel padding."""
+    every ``num_progs``-th step), ``-1`` for blocks past the end and the sentinel padding (also
+    shared by step); program 0 also writes num_padded and the cursor (start row of each
+    expert)."""
     # block counts per expert and their exclusive prefix sums (bins >= num_experts hold
     # dropped pairs); every program recomputes them, a few hundred bins
     valid = bins < num_experts
@@ -100,10 +102,14 @@ def _offsets_and_blocks(
     if prog == 0:
         tl.store(num_padded_ptr, total * BLOCK_M)
         tl.store(cursor_ptr + bins, bstart * BLOCK_M, mask=valid)
-        offs_j = tl.arange(0, BLOCK_M)
-        pad_pos = (bstart * BLOCK_M + real)[:, None] + offs_j[None, :]
-        pad_mask = valid[:, None] & (offs_j[None, :] < (nblk * BLOCK_M - real)[:, None])
-        tl.store(sorted_ids_ptr + pad_pos, numel, mask=pad_mask)
+    # sentinels after each expert's pairs, SENT_COLS padding rows per step (a [bins, BLOCK_M]
+    # tile would not fit in registers for BLOCK_M = 128)
+    pad_start = bstart * BLOCK_M + real
+    pad_len = tl.where(valid, nblk * BLOCK_M - real, 0)
+    for j0 in range(prog * SENT_COLS, BLOCK_M, num_progs * SENT_COLS):
+        offs_j = j0 + tl.arange(0, SENT_COLS)
+        pad_mask = offs_j[None, :] < pad_len[:, None]
+        tl.store(sorted_ids_ptr + pad_start[:, None] + offs_j[None, :], numel, mask=pad_mask)
     for j in range(prog, tl.max(nblk, 0), num_progs):
         has = valid & (j < nblk)
         tl.store(expert_ids_ptr + bstart + j, bins, mask=has)
