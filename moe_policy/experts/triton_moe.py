@@ -10,8 +10,7 @@ Math, per token ``t`` and routed slot ``j`` (pair ``i = t*k + j``, expert ``e``,
 Pipeline: ``moe_align`` (pairs grouped by expert, padded to BLOCK_M; skipped for tiny batches,
 where block ``b`` holds pair ``b`` alone) -> [LoRA shrink of x] -> GEMM 1 + activation
 (+ LoRA expand) -> [LoRA shrink of a] -> GEMM 2 + bias + weight (+ LoRA expand) -> top-k sum
-(skipped when k = 1: GEMM 2 then writes the output). Tiny batches with k > 1 run GEMM 2 and
-the sum as one per-token kernel (``triton_down_sum``).
+(skipped when k = 1: GEMM 2 then writes the output).
 
 Weight layout expected by the kernels (``TritonExperts.convert_weights`` produces it from the
 common layout): gated ``w13 [E, 2I, H]`` interleaved, gate of column ``n`` at row ``2n`` and up
@@ -47,7 +46,6 @@ from moe_policy.experts.base import (
 )
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton_config import GemmConfig, MoEConfig, get_config
-from moe_policy.experts.triton_down_sum import down_proj_topk_sum
 from moe_policy.experts.triton_lora import (
     MAX_RANK,
     lora_block_sizes,
@@ -592,16 +590,6 @@ def fused_moe_triton(
         lb2 = lora.adapters.w2_b.unsqueeze(0)
     else:
         u2 = lb2 = x
-
-    # tiny batches with k > 1: down projection and top-k sum in one kernel, per token
-    if naive and k > 1:
-        return down_proj_topk_sum(
-            act_out, w2, topk_weights, topk_ids, out, w2_bias=w2_bias,
-            weighted=not apply_router_weight_on_input,
-            lora_u=None if lora is None else u2[:, 0],
-            lora_b=None if lora is None else lora.adapters.w2_b,
-            lora_map=None if lora is None else lmap, lora_enabled=None if lora is None else len_,
-        )  # fmt: skip
 
     # GEMM 2 + bias + router weight -> [numel, H] by pair, or the output directly when k == 1
     direct = k == 1
