@@ -7,13 +7,13 @@ Math, per (token, slot) pair ``i`` with token ``t = i // k``, expert ``e`` and a
     expand:  acc[i, n] += sum_r u[s, i, r] * B[s, l, e, n, r]   # inside the GEMM epilogue
 
 Layout (``lora.py``): ``w13_a [S, L, E, R, H]``, ``w13_b [S, L, E, I, R]``, ``w2_a [L, E, R, I]``,
-``w2_b [L, E, H, R]``; ``enabled [L]`` int32; ``u`` is ``[S, numel, R]`` float32. Both use
-"slot-expanded" columns: column ``c`` of a ``[BLOCK_M, L*R]`` tile stands for (slot ``c // R``,
-rank ``c % R``), so one dot applies a different adapter to each row of a block (rows hold zeros
-outside their slot's columns); the GEMMs use it for small tiles (operands fetched before the main
-loop) and one small dot per slot present for large tiles (measured faster there). The shrink reuses the MoE alignment (blocks of one expert) and
-keeps each row's own columns; grid axis 1 splits ``L*R`` into chunks of at most 64 columns
-(one chunk for 4 adapters of rank 16). A and B rows of slots absent from a block are not read.
+``w2_b [L, E, H, R]``; ``enabled [L]`` int32; ``u`` is ``[S, numel, R]`` float32. The shrink
+uses "slot-expanded" columns: column ``c`` of a ``[BLOCK_M, L*R]`` tile stands for (slot
+``c // R``, rank ``c % R``), so one dot serves every adapter of a block and each row keeps its
+own slot's columns; it reuses the MoE alignment (blocks of one expert) and grid axis 1 splits
+``L*R`` into chunks of at most 64 columns (one chunk for 4 adapters of rank 16). The expand, in
+the GEMM epilogue, is one small dot per slot present in the block (measured faster on the H200
+than a slot-expanded dot, whose wide operands spill or stall the pipeline, 2026-11-29). A and B rows of slots absent from a block are not read.
 Rows without an adapter are never written in ``u`` and never read: their delta is exactly zero.
 
 Limits: ``S`` in {1, 2}; rank ``R`` <= 128 (padded to a power of two >= 16 in registers);
@@ -57,53 +57,6 @@ def lora_block_sizes(rank: int, num_slots: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def lora_expand_operands(
-    slot,
-    pairs,
-    offs_n,
-    col_mask,
-    expert,
-    c0,
-    # pointers
-    u_ptr,  # [numel, R] float32 shrink output of this slice
-    lb_ptr,  # B of this slice, [L, E, N, R]
-    # sizes
-    rank,
-    # strides
-    stride_uk,
-    stride_um,
-    stride_ur,
-    stride_lbl,
-    stride_lbe,
-    stride_lbn,
-    stride_lbr,
-    # constexpr
-    BLOCK_R: tl.constexpr,
-    LR_BLOCK: tl.constexpr,
-    U_SPLIT: tl.constexpr,  # split-K partials of u to sum (fixed order)
-):
-    """Slot-expanded u [BLOCK_M, LR_BLOCK] and B [LR_BLOCK, len(offs_n)] for columns c0.. of
-    the chunk; B's output columns outside ``col_mask`` are zero.
-
-    Column ``c`` stands for (slot ``c // BLOCK_R``, rank index ``c % BLOCK_R``): a row holds its u
-    in its own slot's columns and zeros elsewhere, so ``u @ B`` applies each row's adapter.
-    """
-    cols = c0 + tl.arange(0, LR_BLOCK)
-    col_slot = cols // BLOCK_R
-    col_r = cols % BLOCK_R
-    u_mask = (slot[:, None] == col_slot[None, :]) & (col_r < rank)[None, :]
-    u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um + col_r[None, :] * stride_ur
-    u = tl.load(u_ptrs, mask=u_mask, other=0.0)
-    for sp in tl.static_range(1, U_SPLIT):
-        u += tl.load(u_ptrs + sp * stride_uk, mask=u_mask, other=0.0)
-    present = tl.max(u_mask.to(tl.int32), 0) > 0  # columns of a slot used in this block
-    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + col_slot[:, None] * stride_lbl
-    b_ptrs += col_r[:, None] * stride_lbr + offs_n[None, :] * stride_lbn
-    b = tl.load(b_ptrs, mask=present[:, None] & col_mask[None, :], other=0.0)
-    return u, b
-
-
-@triton.jit
 def lora_expand_loop(
     acc,
     slot,
@@ -138,8 +91,7 @@ def lora_expand_loop(
     Accumulator column ``c`` is output column ``offs_n[c]`` of slice ``col_slice[c]``; with two
     slices the dot's K axis holds both slices' ranks interleaved and B is zero where the slices
     differ, so a one-dot gated tile takes its gate and up deltas in its own accumulator layout
-    (before the gate/up split). Used after the main loop of large tiles, where it measured
-    faster than the slot-expanded single dot (H200, 2026-11-29: the wide operands spill)."""
+    (before the gate/up split)."""
     q = tl.arange(0, NUM_SLICES * BLOCK_R)
     q_slice = q % NUM_SLICES
     q_r = q // NUM_SLICES

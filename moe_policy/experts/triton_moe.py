@@ -50,7 +50,6 @@ from moe_policy.experts.triton_lora import (
     MAX_RANK,
     lora_block_sizes,
     lora_expand_loop,
-    lora_expand_operands,
     lora_shrink,
     lora_slots,
 )
@@ -152,7 +151,6 @@ def _moe_gemm_kernel(
     WEIGHT_POS: tl.constexpr,  # 0 none, 1 before bias (on input), 2 after bias (on output)
     HAS_BIAS: tl.constexpr,
     HAS_LORA: tl.constexpr,
-    LORA_PREFETCH: tl.constexpr,  # small tiles: slot-expanded LoRA operands before the loop
     NAIVE: tl.constexpr,
     ONE_DOT: tl.constexpr,  # gated: one [BLOCK_M, 2 BLOCK_N] dot instead of two
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks
@@ -160,7 +158,6 @@ def _moe_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,  # LoRA rank, padded to a power of two >= 16
-    LR_BLOCK: tl.constexpr,  # slot-expanded LoRA columns per chunk (a multiple of BLOCK_R)
     U_SPLIT: tl.constexpr,  # split-K partials in the LoRA shrink output
     GROUP_M: tl.constexpr,
 ):
@@ -182,8 +179,7 @@ def _moe_gemm_kernel(
     pair_mask = pairs < numel
 
     # LoRA: slot of each row and, per accumulator column, its output column and slice (a
-    # one-dot gated tile interleaves gate and up). Small tiles fetch slot-expanded operands
-    # before the main loop and add the delta as one dot per slice after it.
+    # one-dot gated tile interleaves gate and up)
     if HAS_LORA:
         slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
         if GATED and ONE_DOT:
@@ -193,19 +189,6 @@ def _moe_gemm_kernel(
         else:
             n_lb = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
             slice_lb = n_lb * 0
-        if LORA_PREFETCH:
-            u0, lb0 = lora_expand_operands(
-                slot, pairs, n_lb, slice_lb == 0, expert, 0, lora_u_ptr, lora_b_ptr, lora_rank,
-                stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, LR_BLOCK, U_SPLIT,
-            )  # fmt: skip
-            if GATED:
-                u1, lb1 = lora_expand_operands(
-                    slot, pairs, n_lb, (slice_lb == 1) | (not ONE_DOT), expert, 0,
-                    lora_u_ptr + stride_us, lora_b_ptr + stride_lbs, lora_rank,
-                    stride_uk, stride_um, stride_ur, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                    BLOCK_R, LR_BLOCK, U_SPLIT,
-                )  # fmt: skip
 
     # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
     # this expert, [BLOCK_K, B_COLS]; gated one-dot tiles hold the interleaved gate/up rows of
@@ -257,30 +240,24 @@ def _moe_gemm_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     # epilogue 1: LoRA delta u @ B^T for rows with an adapter (exactly zero for the others),
-    # into the accumulators as the MMA left them (before a one-dot tile's gate/up split)
+    # one small dot per slot present, into the accumulators as the MMA left them (before a
+    # one-dot tile's gate/up split)
     if HAS_LORA:
         dt = b_ptr.dtype.element_ty
-        if LORA_PREFETCH:
-            acc_b = tl.dot(u0.to(dt), lb0.to(dt), acc_b)
-            if GATED and ONE_DOT:
-                acc_b = tl.dot(u1.to(dt), lb1.to(dt), acc_b)
-            elif GATED:
-                acc_u = tl.dot(u1.to(dt), lb1.to(dt), acc_u)
-        else:
-            acc_b = lora_expand_loop(
-                acc_b, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr, lora_b_ptr,
-                num_slots, lora_rank, stride_uk, stride_us, stride_um, stride_ur,
+        acc_b = lora_expand_loop(
+            acc_b, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr, lora_b_ptr,
+            num_slots, lora_rank, stride_uk, stride_us, stride_um, stride_ur,
+            stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+            BLOCK_R, 2 if (GATED and ONE_DOT) else 1, U_SPLIT, dt,
+        )  # fmt: skip
+        if GATED and not ONE_DOT:
+            acc_u = lora_expand_loop(
+                acc_u, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr + stride_us,
+                lora_b_ptr + stride_lbs, num_slots, lora_rank,
+                stride_uk, stride_us, stride_um, stride_ur,
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, 2 if (GATED and ONE_DOT) else 1, U_SPLIT, dt,
+                BLOCK_R, 1, U_SPLIT, dt,
             )  # fmt: skip
-            if GATED and not ONE_DOT:
-                acc_u = lora_expand_loop(
-                    acc_u, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr + stride_us,
-                    lora_b_ptr + stride_lbs, num_slots, lora_rank,
-                    stride_uk, stride_us, stride_um, stride_ur,
-                    stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                    BLOCK_R, 1, U_SPLIT, dt,
-                )  # fmt: skip
     if GATED and ONE_DOT:  # even columns are gate, odd columns up
         acc, acc_u = tl.split(tl.reshape(acc_b, (BLOCK_M, BLOCK_N, 2)))
     else:
@@ -552,7 +529,7 @@ def fused_moe_triton(
         lmap = len_ = topk_ids
         slots, rank, split = 0, 1, 1
         u13 = lb13 = x
-    block_r, lr_block, chunks = lora_block_sizes(rank, slots)
+    block_r = lora_block_sizes(rank, slots)[0]
 
     # GEMM 1 + activation -> act [numel, I], rows in expert-sorted order
     act_out = torch.empty(numel, i, dtype=x.dtype, device=x.device)
@@ -561,8 +538,7 @@ def fused_moe_triton(
     b1_desc = _weight_descriptor(w13, (2 if one_dot1 else 1) * g1.block_n, g1)
     bias1 = w13_bias if w13_bias is not None else x
     common = dict(
-        NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, LR_BLOCK=lr_block, TOP_K=k,
-        LORA_PREFETCH=has_lora and chunks == 1 and bm <= 32 and split == 1,
+        NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, TOP_K=k,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit),
     )  # fmt: skip
     _moe_gemm_kernel[(num_blocks * triton.cdiv(i, g1.block_n),)](

@@ -293,9 +293,9 @@ TILES_16_TMA = tc.MoEConfig(
     ],
     ids=["one-dot", "two-dot", "nongated"],
 )
-def test_lora_prefetched_operands_match_reference(cfg, tiles, device):
-    """Enough blocks for an unsplit shrink: small tiles fetch slot-expanded LoRA operands
-    before the main loop (the decode path of real batches)."""
+def test_lora_unsplit_shrink_small_tiles_match_reference(cfg, tiles, device):
+    """Enough blocks for an unsplit shrink with 16-row tiles (the decode path of real batches),
+    one-dot, two-dot and non-gated."""
     from moe_policy.experts.align import max_blocks_for
     from moe_policy.experts.triton_moe import SHRINK_MIN_PROGRAMS
 
