@@ -18,7 +18,13 @@ at ``2n + 1`` (``swigluoai``'s own layout; the ``[gate; up]`` layout of the othe
 activations is interleaved), or ``[E, I, H]`` non-gated; ``w2 [E, H, I]``; biases ``[E, N1]``
 (interleaved like w13) and ``[E, H]``. A gated GEMM-1 program reads the gate and the up rows of
 the same columns (one ``2 BLOCK_N`` wide dot, split into even and odd columns, or two dots), so
-the activation is applied in registers and only ``[numel, I]`` is written.
+the activation is applied in registers and only ``[numel, I]`` is written, in the alignment's
+expert-sorted order (``block_rows``), so GEMM 2 and the LoRA shrink read contiguous rows.
+
+Operand loads: pointers, or on Hopper and newer TMA descriptors when the tile config asks
+(``GemmConfig.tma``) and rows are 16-byte aligned: the weights viewed as ``[E*N_B, K]`` (a box
+may run into the next expert's rows; those columns are masked on store) and, in GEMM 2, the
+sorted activation (rows past the block's expert are computed and not stored).
 
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
