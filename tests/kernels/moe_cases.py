@@ -18,15 +18,18 @@ def dtypes_for_device() -> list[torch.dtype]:
 def make_weights(
     cfg: ExpertsConfig, dtype: torch.dtype, device: str, seed: int = 0
 ) -> dict[str, torch.Tensor | None]:
-    """Random common-layout weights (and biases when cfg.has_bias), scaled to keep h ~ N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
+    """Random common-layout weights (and biases when cfg.has_bias), scaled to keep h ~ N(0, 1);
+    drawn on ``device`` (full GPU shapes would take seconds on the CPU)."""
+    g = torch.Generator(device=device).manual_seed(seed)
     e, h, i, n1 = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.w13_rows
-    w13 = torch.randn(e, n1, h, generator=g) / h**0.5
-    w2 = torch.randn(e, h, i, generator=g) / i**0.5
-    b13 = torch.randn(e, n1, generator=g) * 0.2 if cfg.has_bias else None
-    b2 = torch.randn(e, h, generator=g) * 0.2 if cfg.has_bias else None
-    to = lambda t: None if t is None else t.to(dtype).to(device)  # noqa: E731
-    return {"w13": to(w13), "w2": to(w2), "w13_bias": to(b13), "w2_bias": to(b2)}
+
+    def rnd(*shape: int, scale: float) -> torch.Tensor:
+        return (torch.randn(shape, generator=g, device=device) * scale).to(dtype)
+
+    w13, w2 = rnd(e, n1, h, scale=h**-0.5), rnd(e, h, i, scale=i**-0.5)
+    b13 = rnd(e, n1, scale=0.2) if cfg.has_bias else None
+    b2 = rnd(e, h, scale=0.2) if cfg.has_bias else None
+    return {"w13": w13, "w2": w2, "w13_bias": b13, "w2_bias": b2}
 
 
 def make_routing(
@@ -67,7 +70,8 @@ def make_lora(
     disabled: tuple[int, ...] = (),
     seed: int = 2,
 ) -> MoELoRAAdapters:
-    """Adapters in slots 0..len(ranks)-1 with the given ranks; slots in ``disabled`` cleared."""
+    """Adapters in slots 0..len(ranks)-1 with the given ranks (padded to max_rank); slots in
+    ``disabled`` keep their non-zero weights but are switched off, so they must be ignored."""
     g = torch.Generator().manual_seed(seed)
     e, h, i, s = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.num_lora_slices
     ad = MoELoRAAdapters.allocate(
@@ -115,3 +119,22 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(o).all():
         return float("inf")
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def skewed_routing(
+    t: int, e: int, k: int, device: str, seed: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32, weights) where every token's first slot is expert 1 (full: count == T),
+    expert 0 gets nothing and the other slots are distinct random experts in 2..E-1."""
+    g = torch.Generator().manual_seed(seed)
+    rest = torch.stack([torch.randperm(e - 2, generator=g)[: k - 1] + 2 for _ in range(t)])
+    ids = torch.cat([torch.ones(t, 1, dtype=torch.int64), rest], dim=1).to(torch.int32)
+    w = torch.rand(t, k, generator=g)
+    return ids.to(device), w.to(device)
+
+
+FULL_SHAPES = {
+    # name: (E, k, H, I, activation, gated)
+    "nemotron3_nano": (128, 6, 2688, 1856, "relu2", False),
+    "mixtral_8x7b": (8, 2, 4096, 14336, "silu", True),
+}

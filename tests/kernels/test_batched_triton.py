@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from batched_cases import FULL_SHAPES, make_lora, make_weights, rel_l2, skewed_routing
-from moe_cases import ON_GPU, dtypes_for_device
+from moe_cases import (
+    FULL_SHAPES,
+    ON_GPU,
+    dtypes_for_device,
+    make_lora,
+    make_weights,
+    rel_err,
+    skewed_routing,
+)
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.batched_format import combine_from_batched, dispatch_to_batched
@@ -85,7 +92,8 @@ def test_matches_reference(
     x = torch.randn(t, h, device=device).to(dtype)
     ids, w = skewed_routing(t, e, k, device)
     token_lora = (torch.arange(t, device=device, dtype=torch.int32) % 5) - 1  # -1, 0..3
-    ad = make_lora(cfg, dtype, device) if use_lora else None
+    ad = make_lora(cfg, num_slots=4, max_rank=12, ranks=[12, 5, 12, 12], disabled=(3,),
+                   dtype=dtype, device=device) if use_lora else None  # fmt: skip
     experts = BatchedTritonExperts(cfg, wt["w13"], wt["w2"], wt["w13_bias"], wt["w2_bias"])
 
     out, yb, d = run_batched(experts, x, ids, w, t, token_lora if use_lora else None, ad)
@@ -105,7 +113,7 @@ def test_matches_reference(
     assert counts[0] == 0 and counts[1] == t  # empty and full experts
     valid = d.index_map >= 0
     assert torch.isfinite(yb[valid]).all(), "a valid row was not written"
-    assert rel_l2(out, ref) < REL_L2[dtype]
+    assert rel_err(out, ref) < REL_L2[dtype]
     if use_lora:  # the adapters must matter, or this test proves nothing
         base = fused_moe_reference(
             x,
@@ -118,7 +126,7 @@ def test_matches_reference(
             w13_bias=wt["w13_bias"],
             w2_bias=wt["w2_bias"],
         )
-        assert rel_l2(base, ref) > 20 * REL_L2[dtype]
+        assert rel_err(base, ref) > 20 * REL_L2[dtype]
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "non_gated"])
@@ -131,7 +139,8 @@ def test_unmapped_and_disabled_rows_get_exactly_zero_delta(gated: bool, device: 
     x = torch.randn(t, h, device=device).to(dtype)
     ids, _w = skewed_routing(t, e, k, device, seed=4)
     token_lora = (torch.arange(t, device=device, dtype=torch.int32) % 5) - 1
-    ad = make_lora(cfg, dtype, device, num_slots=4, disabled=2)
+    ad = make_lora(cfg, num_slots=4, max_rank=12, ranks=[12, 5, 12, 12], disabled=(2,),
+                   dtype=dtype, device=device)  # fmt: skip
     experts = BatchedTritonExperts(cfg, wt["w13"], wt["w2"])
     d = dispatch_to_batched(x, ids, e, t, token_lora)
     base = experts.apply(d.x, d.expert_num_tokens)
@@ -154,7 +163,8 @@ def test_router_weight_on_input(device: str) -> None:
     ids = (torch.arange(t, device=device) % e).to(torch.int32).unsqueeze(1)
     w = torch.rand(t, 1, device=device)
     token_lora = (torch.arange(t, device=device, dtype=torch.int32) % 3) - 1
-    ad = make_lora(cfg, dtype, device, num_slots=2, disabled=1, max_rank=8, ranks=(8,))
+    ad = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8, 8], disabled=(1,), dtype=dtype,
+                   device=device)  # fmt: skip
     d = dispatch_to_batched(x, ids, e, t, token_lora, input_weights=w)
     yb = BatchedTritonExperts(cfg, wt["w13"], wt["w2"]).apply(
         d.x, d.expert_num_tokens, MoELoRAContext(ad, d.lora_mapping)
@@ -171,7 +181,7 @@ def test_router_weight_on_input(device: str) -> None:
         lora=MoELoRAContext(ad, token_lora),
     )
     # x * w is rounded to the working dtype at dispatch: one more rounding than the reference.
-    assert rel_l2(out, ref) < 2 * REL_L2[dtype]
+    assert rel_err(out, ref) < 2 * REL_L2[dtype]
 
 
 @pytest.mark.parametrize("split_k", [1, 3])
@@ -214,7 +224,8 @@ def test_launcher_rejects_bad_inputs(device: str) -> None:
         batched_fused_experts(
             x.float() if dtype != torch.float32 else x.half(), counts, wt["w13"], wt["w2"]
         )
-    ad = make_lora(cfg, dtype, device, num_slots=2, disabled=1, max_rank=8, ranks=(8,))
+    ad = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8, 8], disabled=(1,), dtype=dtype,
+                   device=device)  # fmt: skip
     with pytest.raises(ValueError, match=r"batched LoRA mapping must be \[E, M\]"):
         batched_fused_experts(
             x,
@@ -262,9 +273,8 @@ def _full_layer(cache: dict, name: str) -> tuple[ExpertsConfig, dict, MoELoRAAda
         e, k, h, i, act, gated = FULL_SHAPES[name]
         cfg = ExpertsConfig(e, h, i, k, activation=act, gated=gated)
         wt = make_weights(cfg, torch.bfloat16, "cuda", seed=11)
-        ad = make_lora(
-            cfg, torch.bfloat16, "cuda", num_slots=4, max_rank=16, ranks=(16, 8, 16), disabled=3
-        )
+        ad = make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 16], disabled=(3,),
+                       dtype=torch.bfloat16, device="cuda")  # fmt: skip
         cache[name] = (cfg, wt, ad)
     return cache[name]
 
@@ -297,8 +307,8 @@ def test_full_shape_gpu(model: str, num_tokens: int, use_lora: bool, full_layers
         gated=cfg.gated,
         lora=MoELoRAContext(ad, token_lora) if use_lora else None,
     )
-    err = rel_l2(out, ref)
-    print(f"{model} T={t} lora={use_lora}: rel_l2={err:.2e}")
+    err = rel_err(out, ref)
+    print(f"{model} T={t} lora={use_lora}: rel_err={err:.2e}")
     assert err < GPU_BF16_REL_L2
 
 
@@ -310,7 +320,8 @@ def test_cuda_graph_replay_follows_device_counts() -> None:
     e, h, i, k, t, m = 8, 256, 128, 2, 64, 64
     cfg = ExpertsConfig(e, h, i, k, activation="silu")
     wt = make_weights(cfg, dtype, "cuda", seed=7)
-    ad = make_lora(cfg, dtype, "cuda", num_slots=3, max_rank=16, ranks=(16, 8), disabled=2)
+    ad = make_lora(cfg, num_slots=3, max_rank=16, ranks=[16, 8, 16], disabled=(2,), dtype=dtype,
+                   device="cuda")  # fmt: skip
     experts = BatchedTritonExperts(cfg, wt["w13"], wt["w2"])
     xb = torch.zeros(e, m, h, device="cuda", dtype=dtype)
     counts = torch.zeros(e, device="cuda", dtype=torch.int32)
@@ -337,4 +348,4 @@ def test_cuda_graph_replay_follows_device_counts() -> None:
         ref = fused_moe_reference(
             x, wt["w13"], wt["w2"], w, ids, activation="silu", lora=MoELoRAContext(ad, token_lora)
         )
-        assert rel_l2(out, ref) < GPU_BF16_REL_L2
+        assert rel_err(out, ref) < GPU_BF16_REL_L2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from batched_cases import FULL_SHAPES, make_lora, make_weights, rel_l2
+from moe_cases import FULL_SHAPES, make_lora, make_weights, rel_err
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.grouped_mm import (
@@ -125,9 +125,8 @@ def test_pipeline_matches_reference_on_cpu(
     w = torch.rand(t, k, generator=g)
     lora = None
     if use_lora:
-        ad = make_lora(
-            cfg, torch.float32, "cpu", num_slots=4, max_rank=16, ranks=(16, 8, 16), disabled=3
-        )
+        ad = make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 16], disabled=(3,),
+                       dtype=torch.float32, device="cpu")  # fmt: skip
         lora = MoELoRAContext(ad, (torch.arange(t, dtype=torch.int32) % 5) - 1)
     kw = dict(
         activation=activation,
@@ -138,10 +137,10 @@ def test_pipeline_matches_reference_on_cpu(
     )
     out = grouped_mm_fused_moe(x, wt["w13"], wt["w2"], w, ids, **kw)
     ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, **kw)
-    assert rel_l2(out, ref) < CPU_FP32_REL_L2
+    assert rel_err(out, ref) < CPU_FP32_REL_L2
     if use_lora:
         base = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, **{**kw, "lora": None})
-        assert rel_l2(base, ref) > 1e-2
+        assert rel_err(base, ref) > 1e-2
 
 
 @pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
@@ -152,12 +151,13 @@ def test_pipeline_router_weight_on_input_on_cpu() -> None:
     x = torch.randn(10, 32)
     ids = (torch.arange(10) % 4).to(torch.int32).unsqueeze(1)
     w = torch.rand(10, 1)
-    ad = make_lora(cfg, torch.float32, "cpu", num_slots=2, max_rank=8, ranks=(8,), disabled=1)
+    ad = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8, 8], disabled=(1,), dtype=torch.float32,
+                   device="cpu")  # fmt: skip
     lora = MoELoRAContext(ad, (torch.arange(10, dtype=torch.int32) % 3) - 1)
     kw = dict(activation="silu", apply_router_weight_on_input=True, lora=lora)
     out = grouped_mm_fused_moe(x, wt["w13"], wt["w2"], w, ids, **kw)
     ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, **kw)
-    assert rel_l2(out, ref) < CPU_FP32_REL_L2
+    assert rel_err(out, ref) < CPU_FP32_REL_L2
 
 
 # ---------------------------------------------------------------------------------------
@@ -175,7 +175,13 @@ def test_full_shape_gpu(model: str, num_tokens: int, use_lora: bool) -> None:
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=11)
     ad = (
         make_lora(
-            cfg, torch.bfloat16, "cuda", num_slots=4, max_rank=16, ranks=(16, 8, 16), disabled=3
+            cfg,
+            num_slots=4,
+            max_rank=16,
+            ranks=[16, 8, 16, 16],
+            disabled=(3,),
+            dtype=torch.bfloat16,
+            device="cuda",
         )
         if use_lora
         else None
@@ -192,8 +198,8 @@ def test_full_shape_gpu(model: str, num_tokens: int, use_lora: bool) -> None:
     ref = fused_moe_reference(
         x, wt["w13"], wt["w2"], w, ids, activation=act, gated=gated, lora=lora
     )
-    err = rel_l2(out, ref)
-    print(f"grouped_mm {model} T={num_tokens} lora={use_lora}: rel_l2={err:.2e}")
+    err = rel_err(out, ref)
+    print(f"grouped_mm {model} T={num_tokens} lora={use_lora}: rel_err={err:.2e}")
     assert err < GPU_BF16_REL_L2
 
 
@@ -223,7 +229,7 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
         w2_bias=wt["w2_bias"],
         lora=lora,
     )
-    assert rel_l2(ex.apply(x, w, ids, lora), ref) < GPU_BF16_REL_L2
+    assert rel_err(ex.apply(x, w, ids, lora), ref) < GPU_BF16_REL_L2
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -245,4 +251,4 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
         w2_bias=wt["w2_bias"],
         lora=lora,
     )
-    assert rel_l2(out, ref2) < GPU_BF16_REL_L2
+    assert rel_err(out, ref2) < GPU_BF16_REL_L2

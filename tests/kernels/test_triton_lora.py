@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import (  # noqa: E402  # noqa: E402
+from moe_cases import (  # noqa: E402
     ON_GPU,
     dtypes_for_device,
     lora_context,

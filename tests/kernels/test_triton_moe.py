@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import ON_GPU, dtypes_for_device, make_routing, make_weights, make_x, rel_err  # noqa: E402  # noqa: E402
+from moe_cases import ON_GPU, dtypes_for_device, make_routing, make_weights, make_x, rel_err  # noqa: E402
 
 from moe_policy.experts import triton_config as tc  # noqa: E402
 from moe_policy.experts.align import FUSED_MAX, moe_align  # noqa: E402
