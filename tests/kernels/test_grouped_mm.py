@@ -211,7 +211,8 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
     e, h, i, k, t = 16, 256, 128, 4, 48
     cfg = ExpertsConfig(e, h, i, k, activation="swigluoai", has_bias=True)
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=12)
-    ad = make_lora(cfg, torch.bfloat16, "cuda", num_slots=3, max_rank=16, ranks=(16, 8), disabled=2)
+    ad = make_lora(cfg, num_slots=3, max_rank=16, ranks=[16, 8, 16], disabled=(2,),
+                   dtype=torch.bfloat16, device="cuda")  # fmt: skip
     x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
     ids = torch.rand(t, e, device="cuda").argsort(dim=1)[:, :k].to(torch.int32)
     ids[::7, -1] = -1
