@@ -27,6 +27,7 @@ test-gpu:
 
 lint: setup
 	$(PY) -m ruff check moe_policy tests benchmarks
+	$(PY) -m ruff format --check moe_policy tests benchmarks
 	$(PY) -m mypy
 
 lint-policy: setup
