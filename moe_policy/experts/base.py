@@ -110,6 +110,17 @@ def contiguous_layout(
     }
 
 
+def triton_runtime_available() -> tuple[bool, str | None]:
+    """A CUDA device, or Triton's interpreter (``TRITON_INTERPRET=1``), for Triton backends."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return True, None
+    return False, "no CUDA device and TRITON_INTERPRET is not set"
+
+
 class FusedMoEExperts(ABC):
     """A backend's experts computation in the standard ``[T, H]`` activation format."""
 
@@ -142,7 +153,6 @@ class FusedMoEExperts(ABC):
         self.weights = self.convert_weights(config, w13, w2, w13_bias, w2_bias)
 
     @staticmethod
-    @abstractmethod
     def convert_weights(
         config: ExpertsConfig,
         w13: torch.Tensor,
@@ -150,7 +160,12 @@ class FusedMoEExperts(ABC):
         w13_bias: torch.Tensor | None = None,
         w2_bias: torch.Tensor | None = None,
     ) -> dict[str, Any]:
-        """Common layout -> this backend's layout; pure (never mutates inputs or config)."""
+        """Common layout -> this backend's layout; pure (never mutates inputs or config).
+
+        The default checks the common layout and keeps it, contiguous (no copy when it
+        already is); backends with their own layout override it."""
+        check_common_layout(config, w13, w2, w13_bias, w2_bias)
+        return contiguous_layout(w13, w2, w13_bias, w2_bias)
 
     @abstractmethod
     def apply(

@@ -44,8 +44,6 @@ a token-count heuristic keyed by ``M`` (no tuned tables yet).
 from __future__ import annotations
 
 import functools
-import os
-from typing import Any
 
 import torch
 import triton
@@ -54,10 +52,8 @@ import triton.language as tl
 from moe_policy.experts.base import (
     GATED_ACTIVATIONS,
     NON_GATED_ACTIVATIONS,
-    ExpertsConfig,
     FusedMoEExperts,
-    check_common_layout,
-    contiguous_layout,
+    triton_runtime_available,
 )
 from moe_policy.experts.lora import MoELoRAContext
 
@@ -78,39 +74,22 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # narrow N tiles for parallelism; prefill uses 64/128-row tiles. Gated GEMM1 holds two
 # accumulators (gate and up), so its N tile is halved at BLOCK_M = 128.
 # ----------------------------------------------------------------------------------------
+_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+#: Up to this many rows per expert: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), plain / gated.
+_TILES = (
+    (16, (16, 64, 128, 4, 4), (16, 64, 128, 4, 3)),
+    (64, (32, 64, 128, 4, 4), (32, 64, 128, 4, 3)),
+    (256, (64, 128, 64, 4, 3), (64, 128, 64, 8, 3)),
+    (float("inf"), (128, 128, 64, 8, 3), (128, 64, 64, 8, 3)),
+)
+
+
 def gemm_config(m: int, n: int, k: int, gated: bool) -> dict[str, int]:
     """Tile config for one batched GEMM with ``m`` rows per expert."""
-    if m <= 16:
-        return {
-            "BLOCK_M": 16,
-            "BLOCK_N": 64,
-            "BLOCK_K": 128,
-            "num_warps": 4,
-            "num_stages": 3 if gated else 4,
-        }
-    if m <= 64:
-        return {
-            "BLOCK_M": 32,
-            "BLOCK_N": 64,
-            "BLOCK_K": 128,
-            "num_warps": 4,
-            "num_stages": 3 if gated else 4,
-        }
-    if m <= 256:
-        return {
-            "BLOCK_M": 64,
-            "BLOCK_N": 128,
-            "BLOCK_K": 64,
-            "num_warps": 8 if gated else 4,
-            "num_stages": 3,
-        }
-    return {
-        "BLOCK_M": 128,
-        "BLOCK_N": 64 if gated else 128,
-        "BLOCK_K": 64,
-        "num_warps": 8,
-        "num_stages": 3,
-    }
+    for max_m, plain, gate in _TILES:
+        if m <= max_m:
+            return dict(zip(_TILE_KEYS, gate if gated else plain, strict=True))
+    raise AssertionError("unreachable: the last row takes every m")
 
 
 def shrink_split_k(programs: int, k: int, block_k: int, m: int, sm_count: int) -> int:
@@ -722,21 +701,7 @@ class BatchedTritonExperts(FusedMoEExperts):
     @classmethod
     def is_available(cls) -> tuple[bool, str | None]:
         """Needs a CUDA device, or Triton's interpreter (``TRITON_INTERPRET=1``)."""
-        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-            return True, None
-        return False, "batched_triton needs a CUDA GPU (or TRITON_INTERPRET=1)"
-
-    @staticmethod
-    def convert_weights(
-        config: ExpertsConfig,
-        w13: torch.Tensor,
-        w2: torch.Tensor,
-        w13_bias: torch.Tensor | None = None,
-        w2_bias: torch.Tensor | None = None,
-    ) -> dict[str, Any]:
-        """The common layout, contiguous (no copy when it already is)."""
-        check_common_layout(config, w13, w2, w13_bias, w2_bias)
-        return contiguous_layout(w13, w2, w13_bias, w2_bias)
+        return triton_runtime_available()
 
     def apply(  # type: ignore[override]
         self,

@@ -45,8 +45,6 @@ import torch
 from moe_policy.experts.base import (
     ExpertsConfig,
     FusedMoEExperts,
-    check_common_layout,
-    contiguous_layout,
 )
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.reference import apply_activation
@@ -289,18 +287,6 @@ class TorchGroupedMMExperts(FusedMoEExperts):
         if ctx.get("lora_enabled") and rank is not None and int(rank) % ALIGN:
             return False, f"torch_grouped_mm LoRA needs max rank % {ALIGN} == 0; got {rank}"
         return True, None
-
-    @staticmethod
-    def convert_weights(
-        config: ExpertsConfig,
-        w13: torch.Tensor,
-        w2: torch.Tensor,
-        w13_bias: torch.Tensor | None = None,
-        w2_bias: torch.Tensor | None = None,
-    ) -> dict[str, Any]:
-        """The common layout, contiguous (grouped_mm reads transposed views of it)."""
-        check_common_layout(config, w13, w2, w13_bias, w2_bias)
-        return contiguous_layout(w13, w2, w13_bias, w2_bias)
 
     def apply(
         self,

@@ -49,6 +49,7 @@ from moe_policy.experts.base import (
     FusedMoEExperts,
     check_common_layout,
     contiguous_layout,
+    triton_runtime_available,
 )
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton_config import GemmConfig, MoEConfig, get_config
@@ -628,9 +629,7 @@ class TritonExperts(FusedMoEExperts):
     @classmethod
     def is_available(cls) -> tuple[bool, str | None]:
         """Needs a CUDA device (or Triton's interpreter, TRITON_INTERPRET=1)."""
-        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-            return True, None
-        return False, "no CUDA device and TRITON_INTERPRET is not set"
+        return triton_runtime_available()
 
     def __init__(
         self,
