@@ -140,6 +140,51 @@ def time_graph_us(calls: Sequence[Callable[[], Any]], replays: int = 20) -> dict
     return {"us": statistics.median(per), "p20_us": q[0], "p80_us": q[-1], "replays": replays}
 
 
+def time_graphs_interleaved(
+    variants: dict[str, Sequence[Callable[[], Any]]], rounds: int = 10, replays: int = 5
+) -> dict[str, dict[str, float]]:
+    """Per-call µs of several variants, each captured in its own CUDA graph and timed in
+    ``rounds`` rounds of ``replays`` replays, the variants in a rotated order every round, so
+    that clock and thermal drift fall on all of them alike (median and p20/p80 over rounds)."""
+    import torch
+
+    graphs = {}
+    for name, calls in variants.items():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for fn in calls:  # warm: compile, allocate
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for fn in calls:
+                fn()
+        g.replay()
+        graphs[name] = (g, len(calls))
+    torch.cuda.synchronize()
+    names = list(graphs)
+    per: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            g, n_calls = graphs[name]
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(replays):
+                g.replay()
+            b.record()
+            b.synchronize()
+            per[name].append(a.elapsed_time(b) * 1e3 / (replays * n_calls))
+    del graphs
+    out = {}
+    for name, xs in per.items():
+        q = statistics.quantiles(xs, n=5) if len(xs) > 1 else [xs[0], xs[0]]
+        out[name] = {"us": statistics.median(xs), "p20_us": q[0], "p80_us": q[-1],
+                     "replays": rounds * replays}  # fmt: skip
+    return out
+
+
 def time_eager_us(calls: Sequence[Callable[[], Any]], reps: int = 20) -> dict[str, float]:
     """Event-timed eager calls (for code that cannot be graph-captured); median µs per call."""
     i = [0]

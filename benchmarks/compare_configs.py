@@ -2,8 +2,9 @@
 
 The tuner ranks GEMM 1 and GEMM 2 by isolated profiler times; this script times what an engine
 runs: the whole layer (alignment, both GEMMs, top-k sum) replayed in a CUDA graph, for the
-shipped config and named variants of it (TMA on, other BLOCK_M, other tiles). Each variant's
-output is checked against the shipped config's output before it is timed.
+shipped config and named variants of it (tail tiles on or off, other tail sizes), timed in
+interleaved rounds so that clock drift falls on all alike. Each variant's output is checked
+against the shipped config's output before it is timed.
 
     python benchmarks/compare_configs.py --shapes qwen3-30b-a3b --tokens 4096 8192
 """
@@ -21,45 +22,59 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _bench_util import SHAPES, MoEShape, lower_bound_us, measure_ceilings, time_graph_us
+from _bench_util import SHAPES, MoEShape, lower_bound_us, measure_ceilings, time_graphs_interleaved
 from tune_triton import _call, _inputs, _layer
 
-from moe_policy.experts.triton_config import GemmConfig, MoEConfig, _fit_stages, get_config
+from moe_policy.experts.triton_config import MoEConfig, get_config
 
 
 def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
-    """The shipped config and TMA / tile variants of it, by name."""
+    """The shipped config and variants of it by name: without tail tiles ("plain"), and with
+    tail tiles of a quarter and a half of BLOCK_M."""
     base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
                       device)  # fmt: skip
-    b1 = 2 if shape.gated else 1
-
-    def mk(bm: int, g1: GemmConfig, g2: GemmConfig) -> MoEConfig:
-        return MoEConfig(bm, _fit_stages(bm, g1, b1), _fit_stages(bm, g2, 1))
-
-    def tma(g: GemmConfig) -> GemmConfig:
-        return replace(g, tma=True, one_dot=g.one_dot or (g is base.gemm1 and shape.gated))
-
-    out = {"shipped": base, "shipped+tma": mk(base.block_m, tma(base.gemm1), tma(base.gemm2))}
-    if t * shape.top_k / shape.num_experts >= 32:
-        w1 = 128 if shape.gated else 256
-        out["bm128-tma-s3"] = mk(128, GemmConfig(w1, 64, 8, 8, 3, shape.gated, True),
-                                 GemmConfig(256, 64, 8, 8, 3, tma=True))  # fmt: skip
-        out["bm128-tma-s4"] = mk(128, GemmConfig(w1, 64, 8, 8, 4, shape.gated, True),
-                                 GemmConfig(256, 64, 8, 8, 4, tma=True))  # fmt: skip
-        out["bm128-tma-n128"] = mk(128, GemmConfig(w1 // 2, 64, 8, 4, 4, shape.gated, True),
-                                   GemmConfig(128, 64, 8, 4, 4, tma=True))  # fmt: skip
-        out["bm64-tma"] = mk(64, GemmConfig(w1 // 2, 64, 8, 4, 4, shape.gated, True),
-                             GemmConfig(128, 64, 8, 4, 4, tma=True))  # fmt: skip
-        out["bm64-tma-wide"] = mk(64, GemmConfig(w1, 64, 8, 8, 3, shape.gated, True),
-                                  GemmConfig(256, 64, 8, 8, 3, tma=True))  # fmt: skip
+    plain = replace(base, tail_m=0)
+    out = {"shipped": base, "plain": plain}
+    for tail in (base.block_m // 4, base.block_m // 2):
+        if tail >= 16:
+            out[f"tail{tail}"] = replace(plain, tail_m=tail)
     return out
 
 
-def _compile(task: tuple[str, int, list[dict[str, Any]]]) -> int:
-    """Worker: run each config once so that it lands in Triton's cache; returns failures."""
+def _lora_contexts(shape: MoEShape, t: int, n: int) -> list[Any]:
+    """n LoRA contexts of the benchmark's adapters (4 slots, rank 16), tokens round-robin."""
+    import torch
+    from kernels import LORA_SLOTS, make_lora
+
+    from moe_policy.experts.lora import MoELoRAContext
+
+    adapters = make_lora(shape)
+    mapping = (torch.arange(t, device="cuda") % LORA_SLOTS).int()
+    return [MoELoRAContext(adapters, mapping) for _ in range(n)]
+
+
+def _compile(task: tuple[str, int, list[dict[str, Any]], bool]) -> int:
+    """Worker: run each config once (with LoRA when asked) so that it lands in Triton's cache;
+    returns failures."""
     from tune_triton import _compile_worker
 
-    return _compile_worker(task)
+    name, t, cfgs, lora = task
+    if not lora:
+        return _compile_worker((name, t, cfgs))
+    import torch
+
+    shape = SHAPES[name]
+    _, backend = _layer(shape)
+    x, tw, ti = _inputs(shape, t, 1)[0]
+    ctx = _lora_contexts(shape, t, 1)[0]
+    bad = 0
+    for d in cfgs:
+        try:
+            _call(backend, MoEConfig.from_dict(d), x, tw, ti, lora=ctx)
+        except Exception:
+            bad += 1
+    torch.cuda.synchronize()
+    return bad
 
 
 def main() -> None:
@@ -67,8 +82,11 @@ def main() -> None:
     p.add_argument(
         "--shapes", nargs="+", default=["nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b"]
     )
-    p.add_argument("--tokens", nargs="+", type=int, default=[1024, 4096, 8192])
-    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 64, 256, 1024, 4096, 8192])
+    p.add_argument("--rounds", type=int, default=10, help="timing rounds (variants rotated)")
+    p.add_argument("--replays", type=int, default=5, help="graph replays per variant per round")
+    p.add_argument("--variants", nargs="+", help="names to time besides 'shipped' (default all)")
+    p.add_argument("--lora", action="store_true", help="with LoRA (rank 16, 4 adapters)")
     p.add_argument("--jobs", type=int, default=12)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
@@ -80,7 +98,10 @@ def main() -> None:
     start = time.time()
     device = torch.cuda.get_device_name()
     plan = {(s, t): variants(SHAPES[s], t, device) for s in args.shapes for t in args.tokens}
-    tasks = [(s, t, [c.to_dict()]) for (s, t), vs in plan.items() for c in vs.values()]
+    if args.variants:
+        keep = {"shipped", *args.variants}
+        plan = {st: {n: c for n, c in vs.items() if n in keep} for st, vs in plan.items()}
+    tasks = [(s, t, [c.to_dict()], args.lora) for (s, t), vs in plan.items() for c in vs.values()]
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         bad = sum(pool.map(_compile, tasks, chunksize=1))
     print(
@@ -93,27 +114,38 @@ def main() -> None:
         shape = SHAPES[s]
         _, backend = _layer(shape)
         sets = _inputs(shape, t, 2)
+        loras = _lora_contexts(shape, t, len(sets)) if args.lora else [None] * len(sets)
         bound = lower_bound_us(shape, t, ceil["copy_tbps"], ceil["matmul_tflops"])
-        ref = _call(backend, vs["shipped"], *sets[0]).float()
+        ref = _call(backend, vs["shipped"], *sets[0], lora=loras[0]).float()
+        calls, group = {}, []
         for name, cfg in vs.items():
-            row: dict[str, Any] = {"shape": s, "T": t, "variant": name, "config": cfg.to_dict()}
+            row: dict[str, Any] = {"shape": s, "T": t, "variant": name, "config": cfg.to_dict(),
+                                   "lora": args.lora}  # fmt: skip
             try:
-                got = _call(backend, cfg, *sets[0]).float()
+                got = _call(backend, cfg, *sets[0], lora=loras[0]).float()
                 row["rel_diff"] = float((got - ref).norm() / ref.norm())
-                calls = [
-                    lambda b=backend, c=cfg, x=x, tw=tw, ti=ti: _call(b, c, x, tw, ti)
-                    for x, tw, ti in sets
+                calls[name] = [
+                    lambda b=backend, c=cfg, x=x, tw=tw, ti=ti, lo=lo: _call(
+                        b, c, x, tw, ti, lora=lo
+                    )
+                    for (x, tw, ti), lo in zip(sets, loras, strict=True)
                 ]
-                row.update(time_graph_us(calls, args.replays))
-                row["ratio"] = row["us"] / bound
             except Exception as exc:  # a tile that does not compile or fit is reported, not fatal
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-            rows.append(row)
-            if "us" in row:
+            group.append(row)
+        timed = time_graphs_interleaved(calls, args.rounds, args.replays)
+        for row in group:
+            name = row["variant"]
+            if name in timed:
+                row.update(timed[name])
+                row["ratio"] = row["us"] / bound
+                row["vs_shipped"] = row["us"] / timed["shipped"]["us"]
                 print(f"{s:15s} T={t:5d} {name:16s} {row['us']:9.1f} us  x{row['ratio']:.2f}  "
-                      f"diff {row['rel_diff']:.1e}", flush=True)  # fmt: skip
+                      f"{row['vs_shipped']:.3f} of shipped  (p20-p80 {row['p20_us']:.1f}-"
+                      f"{row['p80_us']:.1f})  diff {row['rel_diff']:.1e}", flush=True)  # fmt: skip
             else:
                 print(f"{s:15s} T={t:5d} {name:16s} {row['error']}", flush=True)
+        rows.extend(group)
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compare_configs.json"), "w") as f:
