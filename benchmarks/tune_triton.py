@@ -31,6 +31,7 @@ from moe_policy.experts.triton_config import (
     MoEConfig,
     _fit_stages,
     config_file_name,
+    default_tail_m,
     heuristic_config,
 )
 
@@ -150,13 +151,13 @@ def _inputs(shape: MoEShape, t: int, n_sets: int) -> list[tuple[Any, Any, Any]]:
     return sets
 
 
-def _call(backend: Any, cfg: MoEConfig, x: Any, tw: Any, ti: Any) -> Any:
+def _call(backend: Any, cfg: MoEConfig, x: Any, tw: Any, ti: Any, lora: Any = None) -> Any:
     from moe_policy.experts.triton_moe import fused_moe_triton
 
     c, w = backend.config, backend.weights
     return fused_moe_triton(
         x, w["w13"], w["w2"], tw, ti, activation=c.activation, gated=c.gated,
-        w13_bias=w["w13_bias"], w2_bias=w["w2_bias"], config=cfg,
+        w13_bias=w["w13_bias"], w2_bias=w["w2_bias"], config=cfg, lora=lora,
     )  # fmt: skip
 
 
@@ -229,7 +230,7 @@ def tune_point(shape: MoEShape, t: int, cands: list[MoEConfig]) -> tuple[MoEConf
         c2, r2 = min(ok, key=lambda cr: cr[1]["g2"])
         total = r1["g1"] + r2["g2"] + statistics.median(r["rest"] for _, r in ok)
         if best is None or total < best[0]:
-            best = (total, MoEConfig(bm, c1.gemm1, c2.gemm2))
+            best = (total, MoEConfig(bm, c1.gemm1, c2.gemm2, tail_m=default_tail_m(bm)))
     if best is None:
         raise RuntimeError(f"no candidate ran for {shape.name} T={t}")
     heur = res[0][1]

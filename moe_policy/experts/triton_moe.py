@@ -97,34 +97,31 @@ def _apply_act(
     return out
 
 
-@triton.jit(do_not_specialize=["numel", "num_blocks", "num_slots", "lora_rank"])
-def _moe_gemm_kernel(
-    # pointers
-    a_ptr,  # A: x [T, K] (GEMM 1; row = pair // A_ROW_DIV) or act [numel, K] (GEMM 2, sorted)
-    b_ptr,  # B: weights [E, N_B, K]; gated GEMM 1 reads rows 2n (gate) and 2n + 1 (up)
-    c_ptr,  # C: [numel or T, N] output: sorted rows (GEMM 1), pairs or tokens (GEMM 2)
-    a_desc,  # TMA descriptor of A [rows, K], box [BLOCK_M, BLOCK_K] (A_TMA), else None
-    b_desc,  # TMA descriptor of B viewed as [E*N_B, K], box [B_COLS, BLOCK_K] (B_TMA), else None
-    bias_ptr,  # [E, N_B] (HAS_BIAS)
-    topk_w_ptr,  # [numel] router weights
-    topk_ids_ptr,  # [numel] experts (NAIVE mode)
-    sorted_ids_ptr,  # alignment: pairs grouped by expert
-    expert_ids_ptr,  # alignment: expert of each block
-    num_padded_ptr,  # alignment: rows in use
-    block_rows_ptr,  # alignment: first expert-sorted row of each block
-    lora_u_ptr,  # [U_SPLIT, S, numel, R] fp32 shrink output, split-K partials (HAS_LORA)
-    lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
-    lora_map_ptr,  # [T] int32 slot per token
-    lora_enabled_ptr,  # [L] int32
+@triton.jit
+def _moe_tile(
+    pairs,  # [BLOCK_M] pair of each row, numel = padding
+    expert,
+    row0,  # first row of the block in the unpadded expert-sorted order
+    pid_n,
+    # pointers and descriptors: as in _moe_gemm_kernel
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    a_desc,
+    b_desc,
+    bias_ptr,
+    topk_w_ptr,
+    lora_u_ptr,
+    lora_b_ptr,
+    lora_map_ptr,
+    lora_enabled_ptr,
     # sizes
     N,
     K,
     numel,
-    num_experts,
-    num_blocks,  # static bound on M blocks (grid rows)
     num_slots,
     lora_rank,
-    # strides (elements between neighbours along each dimension)
+    # strides
     stride_am,
     stride_ak,
     stride_be,
@@ -144,45 +141,29 @@ def _moe_gemm_kernel(
     stride_lbn,
     stride_lbr,
     # constexpr
-    A_ROW_DIV: tl.constexpr,  # top_k for GEMM 1 (rows of x)
-    A_SORTED: tl.constexpr,  # A rows in expert-sorted order (GEMM 2): block_rows + r
-    A_TMA: tl.constexpr,  # A tiles through a_desc (A_SORTED only)
-    B_TMA: tl.constexpr,  # B tiles through b_desc (not with the two-dot gated form)
-    C_SORTED: tl.constexpr,  # C rows in expert-sorted order (GEMM 1)
-    C_ROW_DIV: tl.constexpr,  # otherwise C row = pair // C_ROW_DIV (1, or top_k = 1: token)
-    TOP_K: tl.constexpr,  # pairs per token (LoRA token mapping)
+    A_ROW_DIV: tl.constexpr,
+    A_SORTED: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
+    C_SORTED: tl.constexpr,
+    C_ROW_DIV: tl.constexpr,
+    TOP_K: tl.constexpr,
     GATED: tl.constexpr,
-    ACT: tl.constexpr,  # ACTIVATION_CODES value, 0 = none
+    ACT: tl.constexpr,
     ALPHA: tl.constexpr,
     LIMIT: tl.constexpr,
-    WEIGHT_POS: tl.constexpr,  # 0 none, 1 before bias (on input), 2 after bias (on output)
+    WEIGHT_POS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_LORA: tl.constexpr,
-    NAIVE: tl.constexpr,
-    ONE_DOT: tl.constexpr,  # gated: one [BLOCK_M, 2 BLOCK_N] dot instead of two
-    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks
+    ONE_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    BLOCK_R: tl.constexpr,  # LoRA rank, padded to a power of two >= 16
-    U_SPLIT: tl.constexpr,  # split-K partials in the LoRA shrink output
-    GROUP_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    U_SPLIT: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
-    # program -> (block of pairs, N tile), grouped so that GROUP_M blocks share B tiles in L2
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_blocks - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-    pairs, expert, live, row0 = block_pairs(
-        pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, topk_ids_ptr,
-        numel, num_experts, BLOCK_M, NAIVE,
-    )  # fmt: skip
-    if not live:
-        return
     pair_mask = pairs < numel
 
     # LoRA: slot of each row and, per accumulator column, its output column and slice (a
@@ -296,6 +277,122 @@ def _moe_gemm_kernel(
     c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
     c_mask = pair_mask[:, None] & (offs_n[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit(do_not_specialize=["numel", "num_blocks", "num_slots", "lora_rank"])
+def _moe_gemm_kernel(
+    # pointers
+    a_ptr,  # A: x [T, K] (GEMM 1; row = pair // A_ROW_DIV) or act [numel, K] (GEMM 2, sorted)
+    b_ptr,  # B: weights [E, N_B, K]; gated GEMM 1 reads rows 2n (gate) and 2n + 1 (up)
+    c_ptr,  # C: [numel or T, N] output: sorted rows (GEMM 1), pairs or tokens (GEMM 2)
+    a_desc,  # TMA descriptor of A [rows, K], box [BLOCK_M, BLOCK_K] (A_TMA), else None
+    b_desc,  # TMA descriptor of B viewed as [E*N_B, K], box [B_COLS, BLOCK_K] (B_TMA), else None
+    bias_ptr,  # [E, N_B] (HAS_BIAS)
+    topk_w_ptr,  # [numel] router weights
+    topk_ids_ptr,  # [numel] experts (NAIVE mode)
+    sorted_ids_ptr,  # alignment: pairs grouped by expert
+    expert_ids_ptr,  # alignment: expert of each block
+    num_padded_ptr,  # alignment: rows in use
+    block_rows_ptr,  # alignment: first expert-sorted row of each block
+    lora_u_ptr,  # [U_SPLIT, S, numel, R] fp32 shrink output, split-K partials (HAS_LORA)
+    lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
+    lora_map_ptr,  # [T] int32 slot per token
+    lora_enabled_ptr,  # [L] int32
+    # sizes
+    N,
+    K,
+    numel,
+    num_experts,
+    num_blocks,  # static bound on M blocks (grid rows)
+    num_slots,
+    lora_rank,
+    # strides (elements between neighbours along each dimension)
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bn,
+    stride_bk,
+    stride_cm,
+    stride_cn,
+    stride_bias_e,
+    stride_bias_n,
+    stride_uk,
+    stride_us,
+    stride_um,
+    stride_ur,
+    stride_lbs,
+    stride_lbl,
+    stride_lbe,
+    stride_lbn,
+    stride_lbr,
+    # constexpr
+    A_ROW_DIV: tl.constexpr,  # top_k for GEMM 1 (rows of x)
+    A_SORTED: tl.constexpr,  # A rows in expert-sorted order (GEMM 2): block_rows + r
+    A_TMA: tl.constexpr,  # A tiles through a_desc (A_SORTED only)
+    B_TMA: tl.constexpr,  # B tiles through b_desc (not with the two-dot gated form)
+    C_SORTED: tl.constexpr,  # C rows in expert-sorted order (GEMM 1)
+    C_ROW_DIV: tl.constexpr,  # otherwise C row = pair // C_ROW_DIV (1, or top_k = 1: token)
+    TOP_K: tl.constexpr,  # pairs per token (LoRA token mapping)
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,  # ACTIVATION_CODES value, 0 = none
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    WEIGHT_POS: tl.constexpr,  # 0 none, 1 before bias (on input), 2 after bias (on output)
+    HAS_BIAS: tl.constexpr,
+    HAS_LORA: tl.constexpr,
+    NAIVE: tl.constexpr,
+    ONE_DOT: tl.constexpr,  # gated: one [BLOCK_M, 2 BLOCK_N] dot instead of two
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K masks
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # LoRA rank, padded to a power of two >= 16
+    U_SPLIT: tl.constexpr,  # split-K partials in the LoRA shrink output
+    GROUP_M: tl.constexpr,
+    TAIL_M: tl.constexpr,  # 0, or: blocks with <= TAIL_M real rows run a TAIL_M-row tile
+):
+    """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block)."""
+    # program -> (block of pairs, N tile), grouped so that GROUP_M blocks share B tiles in L2
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_blocks - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    pairs, expert, live, row0 = block_pairs(
+        pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, topk_ids_ptr,
+        numel, num_experts, BLOCK_M, NAIVE,
+    )  # fmt: skip
+    if not live:
+        return
+    if TAIL_M > 0:  # noqa: SIM102 (constexpr test: the short tile is compiled only when on)
+        if tl.sum((pairs < numel).to(tl.int32), 0) <= TAIL_M:
+            # real pairs come first in a block, so the short tile takes the block's first rows
+            pairs_t = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, TAIL_M))
+            _moe_tile(
+                pairs_t, expert, row0, pid_n, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
+                topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
+                N, K, numel, num_slots, lora_rank,
+                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
+                stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                A_ROW_DIV, A_SORTED, False, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
+                LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
+                TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT,
+            )  # fmt: skip
+            return
+    _moe_tile(
+        pairs, expert, row0, pid_n, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
+        topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
+        N, K, numel, num_slots, lora_rank,
+        stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+        stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
+        stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+        A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
+        LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
+        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -543,26 +640,17 @@ def fused_moe_triton(
     g1 = cfg.gemm1
     one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
     b1_desc = _weight_descriptor(w13, (2 if one_dot1 else 1) * g1.block_n, g1)
-    bias1 = w13_bias if w13_bias is not None else x
+    tail_m = 0 if naive else cfg.tail_m
     common = dict(
-        NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, TOP_K=k,
-        ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit),
+        route=route, lora_args=(lmap, len_, slots, rank), numel=numel, num_experts=e,
+        num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, TOP_K=k,
+        ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit), HAS_LORA=has_lora, TAIL_M=tail_m,
     )  # fmt: skip
-    _moe_gemm_kernel[(num_blocks * triton.cdiv(i, g1.block_n),)](
-        x, w13, act_out, None, b1_desc, bias1, *route, u13, lb13, lmap, len_,
-        i, h, numel, e, num_blocks, slots, rank,
-        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
-        act_out.stride(0), act_out.stride(1),
-        bias1.stride(0) if w13_bias is not None else 0, bias1.stride(1) if w13_bias is not None else 0,
-        *(u13.stride() if has_lora else (0, 0, 0, 0)),
-        *(lb13.stride() if has_lora else (0, 0, 0, 0, 0)),
-        A_ROW_DIV=k, A_SORTED=False, A_TMA=False, B_TMA=b1_desc is not None,
-        C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
+    _launch_gemm(
+        x, w13, act_out, None, b1_desc, w13_bias, u13, lb13, g1,
+        A_ROW_DIV=k, A_SORTED=False, C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
-        HAS_BIAS=w13_bias is not None, HAS_LORA=has_lora, EVEN_K=h % g1.block_k == 0,
-        U_SPLIT=u13.shape[0] if has_lora else 1,
-        ONE_DOT=one_dot1, BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=g1.group_m,
-        num_warps=g1.num_warps, num_stages=g1.num_stages, **common,
+        ONE_DOT=one_dot1, **common,
     )  # fmt: skip
 
     # LoRA: shrink of the activation for w2
@@ -581,22 +669,11 @@ def fused_moe_triton(
     b2_desc = _weight_descriptor(w2, g2.block_n, g2)
     a2_tma = b2_desc is not None and bm <= _TMA_MAX_BOX and _tma_usable(act_out)
     a2_desc = _descriptor(act_out, bm, g2) if a2_tma else None
-    bias2 = w2_bias if w2_bias is not None else x
-    _moe_gemm_kernel[(num_blocks * triton.cdiv(h, g2.block_n),)](
-        act_out, w2, c2, a2_desc, b2_desc, bias2, *route, u2, lb2, lmap, len_,
-        h, i, numel, e, num_blocks, slots, rank,
-        act_out.stride(0), act_out.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
-        c2.stride(0), c2.stride(1),
-        bias2.stride(0) if w2_bias is not None else 0, bias2.stride(1) if w2_bias is not None else 0,
-        *(u2.stride() if has_lora else (0, 0, 0, 0)),
-        *(lb2.stride() if has_lora else (0, 0, 0, 0, 0)),
-        A_ROW_DIV=1, A_SORTED=True, A_TMA=a2_desc is not None, B_TMA=b2_desc is not None,
-        C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
+    _launch_gemm(
+        act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, g2,
+        A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
-        HAS_BIAS=w2_bias is not None, HAS_LORA=has_lora, EVEN_K=i % g2.block_k == 0,
-        U_SPLIT=u2.shape[0] if has_lora else 1,
-        ONE_DOT=False, BLOCK_N=g2.block_n, BLOCK_K=g2.block_k, GROUP_M=g2.group_m,
-        num_warps=g2.num_warps, num_stages=g2.num_stages, **common,
+        ONE_DOT=False, **common,
     )  # fmt: skip
     if direct:
         return out
@@ -610,6 +687,42 @@ def fused_moe_triton(
         TOP_K=k, BLOCK_H=block_h, num_warps=4,
     )  # fmt: skip
     return out
+
+
+def _launch_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    c: torch.Tensor,
+    a_desc: Any,
+    b_desc: Any,
+    bias: torch.Tensor | None,
+    u: torch.Tensor,
+    lb: torch.Tensor,
+    g: GemmConfig,
+    *,
+    route: tuple[torch.Tensor, ...],
+    lora_args: tuple[torch.Tensor, torch.Tensor, int, int],
+    numel: int,
+    num_experts: int,
+    num_blocks: int,
+    **constexprs: Any,
+) -> None:
+    """One grouped GEMM: ``c = epilogue(a @ w[e]^T)`` over the aligned blocks (see the kernel)."""
+    n, k_dim = w.shape[1] // (2 if constexprs["GATED"] else 1), w.shape[2]
+    lmap, len_, slots, rank = lora_args
+    has_lora = constexprs["HAS_LORA"]
+    _moe_gemm_kernel[(num_blocks * triton.cdiv(n, g.block_n),)](
+        a, w, c, a_desc, b_desc, bias if bias is not None else a, *route, u, lb, lmap, len_,
+        n, k_dim, numel, num_experts, num_blocks, slots, rank,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
+        *(bias.stride() if bias is not None else (0, 0)),
+        *(u.stride() if has_lora else (0, 0, 0, 0)),
+        *(lb.stride() if has_lora else (0, 0, 0, 0, 0)),
+        A_TMA=a_desc is not None, B_TMA=b_desc is not None, HAS_BIAS=bias is not None,
+        EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
+        BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
+        num_warps=g.num_warps, num_stages=g.num_stages, **constexprs,
+    )  # fmt: skip
 
 
 def _interleave_rows(w: torch.Tensor) -> torch.Tensor:

@@ -155,6 +155,12 @@ TILES_64_TMA = tc.MoEConfig(
     64, tc.GemmConfig(32, 32, 4, 4, 2, tma=True), tc.GemmConfig(32, 32, 4, 4, 2, tma=True)
 )
 
+#: BLOCK_M 64 with 16-row tail tiles: every block of these small batches takes the tail tile.
+TILES_64_TAIL = tc.MoEConfig(
+    64, tc.GemmConfig(32, 32, 4, 4, 2, tma=True), tc.GemmConfig(32, 32, 4, 4, 2, tma=True),
+    tail_m=16,
+)  # fmt: skip
+
 
 @pytest.mark.parametrize(
     ("cfg", "tiles", "max_rank", "ranks"),
@@ -165,6 +171,7 @@ TILES_64_TMA = tc.MoEConfig(
         (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64_TMA, 16, [16, 8, 16]),
         (ExpertsConfig(8, 64, 48, 2, "gelu", has_bias=True), TILES_64_TWO_DOT, 16, [8, 16, 16]),
         (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64_TMA, 32, [32, 8, 24]),
+        (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64_TAIL, 16, [16, 8, 16]),
     ],
     ids=[
         "bm64-one-dot",
@@ -173,6 +180,7 @@ TILES_64_TMA = tc.MoEConfig(
         "bm64-tma",
         "bm64-two-dot",
         "bm64-tma-relu2",
+        "bm64-tail16",
     ],
 )
 def test_lora_large_tiles_and_ranks(cfg, tiles, max_rank, ranks, device):

@@ -6,6 +6,7 @@ bf16 tl.dot wrong) and compiled on a GPU (bf16/fp16).
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -214,6 +215,59 @@ def test_triton_small_tiles(act, gated, tiles, device):
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
 
 
+#: Tail tiles: a block with at most tail_m real rows runs a tail_m-row tile (pointer loads for
+#: GEMM 2's activation even when the full tiles read it through TMA).
+TAIL_TILES = tc.MoEConfig(
+    32, tc.GemmConfig(16, 32, 2, 4, 2), tc.GemmConfig(32, 16, 1, 4, 2), tail_m=16
+)
+TAIL_TILES_TMA = tc.MoEConfig(
+    64, tc.GemmConfig(16, 32, 2, 4, 2, tma=True), tc.GemmConfig(32, 16, 4, 4, 2, tma=True),
+    tail_m=16,
+)  # fmt: skip
+
+
+def _block_fill(ti: torch.Tensor, num_experts: int, block_m: int) -> list[int]:
+    """Real rows of each expert's last block (0 for experts without pairs)."""
+    counts = torch.bincount(ti.flatten().long().cpu(), minlength=num_experts)
+    return [int(c) - (int(c) - 1) // block_m * block_m if c else 0 for c in counts]
+
+
+@pytest.mark.parametrize(
+    ("act", "gated", "tiles", "t", "k"),
+    [
+        ("silu", True, TAIL_TILES, 150, 2),  # fused alignment
+        ("relu2", False, TAIL_TILES, 150, 2),
+        ("swigluoai", True, TAIL_TILES_TMA, 210, 3),
+        ("silu", True, TAIL_TILES_TMA, 600, 2),  # numel > FUSED_MAX: multi-program alignment
+    ],
+)
+def test_triton_tail_tiles_match_reference(act, gated, tiles, t, k, device):
+    """Short last blocks run the tail tile, full ones the block tile; both match the reference."""
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(8, 72, 40, k, act, gated=gated, has_bias=True)
+    _, ti = make_routing(t, cfg.num_experts, k, device, seed=2)
+    fills = _block_fill(ti, cfg.num_experts, tiles.block_m)
+    # the routing exercises both paths: some last blocks fit the tail tile, some do not
+    assert any(0 < f <= tiles.tail_m for f in fills), fills
+    assert any(f > tiles.tail_m for f in fills), fills
+    err = _run(cfg, t, dtype, device, tiles=tiles)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+def test_tail_tiles_equal_full_tiles(device):
+    """The tail tile computes the same rows as the padded block tile (same K order, fp32)."""
+    cfg = ExpertsConfig(8, 64, 48, 2, "silu")
+    wts = make_weights(cfg, torch.float32, device)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
+    x = make_x(150, 64, torch.float32, device)
+    tw, ti = make_routing(150, 8, 2, device, seed=2)
+    outs = [
+        fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=c)
+        for c in (TAIL_TILES, dataclasses.replace(TAIL_TILES, tail_m=0))
+    ]
+    assert rel_err(outs[0], outs[1].double()) < (1e-6 if not ON_GPU else 1e-3)
+
+
 def test_triton_invalid_expert_contributes_nothing(device):
     """A pair routed to expert -1 adds nothing, like the reference."""
     dtype = dtypes_for_device()[-1]
@@ -299,6 +353,8 @@ def test_config_keys_are_kernel_arguments():
     for f in fields - launch_options:
         assert renamed.get(f, f.upper()) in names, f
     assert "BLOCK_M" in names
+    for f in set(tc.MoEConfig.__dataclass_fields__) - {"gemm1", "gemm2"}:
+        assert f.upper() in names, f
 
 
 @pytest.mark.parametrize("t", [1, 16, 64, 256, 1024, 8192])
@@ -312,7 +368,9 @@ def test_heuristic_configs_are_sane(t, e, k, h, i, gated):
             assert v >= 16 and v & (v - 1) == 0
         assert tc._smem_bytes(c.block_m, g, b_tiles) <= tc._SMEM_LIMIT
     if t * k / e > 128:
-        assert c.block_m == 128
+        assert c.block_m == 128 and c.tail_m == 64  # half-height tiles for last blocks
+    else:
+        assert c.tail_m == 0
     if t == 1:
         assert c.block_m == 16
 
@@ -346,6 +404,20 @@ def test_config_from_dict_rejects_unknown_keys():
         tc.MoEConfig.from_dict(
             {"block_m": 16, "gemm1": {"block_n": 32, "BLOCK_K": 64}, "gemm2": {}}
         )
+    good = TAIL_TILES.to_dict()
+    with pytest.raises(ValueError, match=r"unknown keys \['tail'\]"):
+        tc.MoEConfig.from_dict({**good, "tail": 16})
+
+
+def test_config_tail_round_trips_and_validates():
+    """tail_m survives the JSON form, is left out when off, and bad tails are refused."""
+    assert tc.MoEConfig.from_dict(TAIL_TILES_TMA.to_dict()) == TAIL_TILES_TMA
+    plain = dataclasses.replace(TAIL_TILES, tail_m=0)
+    assert "tail_m" not in plain.to_dict()
+    assert tc.MoEConfig.from_dict(plain.to_dict()) == plain
+    for bad in (8, 24, 32):  # below 16, not a power of two, more than block_m / 2 (= 16)
+        with pytest.raises(ValueError, match=r"tail_m must be .* \[16, block_m/2=16\], got"):
+            dataclasses.replace(TAIL_TILES, tail_m=bad)
 
 
 def test_experts_package_import_is_light():
