@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_policy.experts.workspace import Alloc, fresh
+
 #: Largest ``numel`` handled by the single-program kernel.
 FUSED_MAX = 1024
 #: Pairs per program in the multi-program path.
@@ -234,8 +236,13 @@ def _align_scatter_kernel(
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:
-    """Group (token, slot) pairs by expert and pad each group to ``block_m`` (no host sync)."""
+def moe_align(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, alloc: Alloc | None = None
+) -> AlignedRouting:
+    """Group (token, slot) pairs by expert and pad each group to ``block_m`` (no host sync).
+
+    ``alloc`` (shape, dtype) -> tensor provides the output and scratch buffers (default: new
+    tensors); the fused MoE passes views of its idle output buffer."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"topk_ids must be a 2-D int32/int64 tensor [T, k], got shape "
@@ -248,19 +255,19 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Aligned
     if not 0 < num_experts <= 1024:
         raise ValueError(f"num_experts must be in 1..1024, got {num_experts}")
     numel = topk_ids.numel()
-    dev = topk_ids.device
+    take = alloc or fresh(topk_ids.device)
     max_blocks = max_blocks_for(numel, num_experts, block_m)
-    sorted_ids = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
-    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
-    num_padded = torch.empty(1, dtype=torch.int32, device=dev)
-    block_rows = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    sorted_ids = take((max_blocks * block_m,), torch.int32)
+    expert_ids = take((max_blocks,), torch.int32)
+    num_padded = take((1,), torch.int32)
+    block_rows = take((max_blocks,), torch.int32)
     num_bins = triton.next_power_of_2(num_experts + 1)
     if numel == 0:
         num_padded.zero_()
         expert_ids.fill_(-1)
         return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
     if numel <= FUSED_MAX:
-        cursor = torch.empty(num_bins, dtype=torch.int32, device=dev)
+        cursor = take((num_bins,), torch.int32)
         _align_fused_kernel[(1,)](
             topk_ids, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
@@ -268,7 +275,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Aligned
             CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
         )  # fmt: skip
     else:
-        scratch = torch.zeros(2 * num_bins, dtype=torch.int32, device=dev)
+        scratch = take((2 * num_bins,), torch.int32).zero_()
         counts, cursor = scratch[:num_bins], scratch[num_bins:]
         grid = (triton.cdiv(numel, _CHUNK),)
         _align_count_kernel[grid](

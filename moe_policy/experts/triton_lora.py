@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from moe_policy.experts.align import block_pairs
+from moe_policy.experts.workspace import Alloc, fresh
 
 #: Largest supported max rank.
 MAX_RANK = 128
@@ -228,6 +229,7 @@ def lora_shrink(
     a_row_div: int = 1,
     a_sorted: bool = False,
     split_k: int = 1,
+    alloc: Alloc | None = None,
 ) -> torch.Tensor:
     """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]); returns u [split_k, S, numel, R] fp32.
 
@@ -250,7 +252,7 @@ def lora_shrink(
     steps = triton.cdiv(k_dim, block_k)
     k_steps = triton.cdiv(steps, max(1, min(split_k, steps)))
     parts = triton.cdiv(steps, k_steps)
-    u = torch.empty(parts, s, numel, rank, dtype=torch.float32, device=a.device)
+    u = (alloc or fresh(a.device))((parts, s, numel, rank), torch.float32)
     if numel == 0 or slots == 0:
         return u
     _lora_shrink_kernel[(num_blocks, chunks, parts)](

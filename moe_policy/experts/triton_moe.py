@@ -29,8 +29,11 @@ sorted activation (rows past the block's expert are computed and not stored).
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
 captured in a CUDA graph. Workspace: ``[T*k, I]`` + ``[T*k, H]`` in the compute dtype (the
-second is skipped when k = 1), plus ``[S+1, T*k, R]`` fp32 with LoRA (times the split-K parts,
-at most 8, when fewer than ``SHRINK_MIN_PROGRAMS`` blocks exist, i.e. small batches).
+second is skipped when k = 1). The alignment's int32 tables and, with LoRA, the fp32 shrink
+outputs (``[S, T*k, R]`` and ``[T*k, R]``, times the split-K parts, at most 8, when fewer than
+``SHRINK_MIN_PROGRAMS`` blocks exist) are carved out of the output and the ``[T*k, H]`` buffer
+while those are idle (``workspace.Workspace``); only what does not fit, or everything when
+k = 1, is allocated on its own.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from moe_policy.experts.triton_lora import (
     lora_shrink,
     lora_slots,
 )
+from moe_policy.experts.workspace import Workspace
 
 #: Activation codes of the GEMM-1 epilogue (0 = none, used by GEMM 2).
 ACTIVATION_CODES = {"silu": 1, "gelu": 2, "gelu_tanh": 3, "relu2": 4, "swigluoai": 5}
@@ -597,6 +601,15 @@ def fused_moe_triton(
     if numel == 0:
         return out
 
+    # scratch: with k > 1 the output is written only by the last kernel (the top-k sum), so the
+    # routing tables and the w2 LoRA shrink output live in it until then, and GEMM 2's output
+    # buffer (written by GEMM 2) holds the w13 LoRA shrink output, read by GEMM 1 only; new
+    # tensors where they do not fit
+    direct = k == 1
+    c2 = out if direct else torch.empty(numel, h, dtype=x.dtype, device=x.device)
+    work = Workspace(None if direct else out, x.device)
+    work13 = Workspace(None if direct else c2, x.device)
+
     # routing: align pairs by expert, or one pair per block for tiny batches
     cfg = config or get_config(t, e, k, h, i, gated, _config_device_name(x.device))
     bm = cfg.block_m
@@ -606,7 +619,7 @@ def fused_moe_triton(
         num_blocks = numel
         sorted_ids = expert_ids = num_padded = block_rows = topk_ids  # unused placeholders
     else:
-        routing = moe_align(topk_ids, e, bm)
+        routing = moe_align(topk_ids, e, bm, alloc=work.take)
         num_blocks = routing.max_blocks
         sorted_ids, expert_ids, num_padded, block_rows = (
             routing.sorted_ids,
@@ -624,10 +637,12 @@ def fused_moe_triton(
         shrink_args = dict(
             topk_ids=topk_ids, sorted_ids=sorted_ids, expert_ids=expert_ids,
             num_padded=num_padded, block_rows=block_rows, lora_map=lmap, lora_enabled=len_,
-            num_blocks=num_blocks, block_m=bm, naive=naive,
+            num_blocks=num_blocks, block_m=bm, naive=naive, alloc=work.take,
         )  # fmt: skip
         split = max(1, min(8, SHRINK_MIN_PROGRAMS // max(1, num_blocks)))
-        u13 = lora_shrink(x, ad.w13_a, a_row_div=k, split_k=split, **shrink_args)  # type: ignore[arg-type]
+        u13 = lora_shrink(
+            x, ad.w13_a, a_row_div=k, split_k=split, **{**shrink_args, "alloc": work13.take}
+        )  # type: ignore[arg-type]
         lb13 = ad.w13_b
     else:
         lmap = len_ = topk_ids
@@ -663,8 +678,6 @@ def fused_moe_triton(
         u2 = lb2 = x
 
     # GEMM 2 + bias + router weight -> [numel, H] by pair, or the output directly when k == 1
-    direct = k == 1
-    c2 = out if direct else torch.empty(numel, h, dtype=x.dtype, device=x.device)
     g2 = cfg.gemm2
     b2_desc = _weight_descriptor(w2, g2.block_n, g2)
     a2_tma = b2_desc is not None and bm <= _TMA_MAX_BOX and _tma_usable(act_out)

@@ -158,3 +158,31 @@ def test_cuda_graph_capture_and_no_host_sync(with_lora, layers):
     torch.cuda.synchronize()
     assert torch.equal(out, backend.apply(x, tw, ti, ctx))
     assert not torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("with_lora", [False, True])
+@pytest.mark.parametrize("t", [1, 64, 1001])
+@pytest.mark.parametrize("name", ["nemotron3-nano", "qwen3-30b-a3b"])
+def test_peak_extra_memory_within_budget(name, t, with_lora, layers):
+    """One call allocates at most a T*k*max(N1, H) and a T*k*I buffer in bf16 (+ T*k*R*(S+1)
+    fp32 with LoRA), beyond its inputs and output, up to the allocator's 512-byte rounding of
+    each of those buffers (issue 4's memory budget)."""
+    cfg, _w, backend = layers(name)
+    x, tw, ti = _inputs(cfg, t, seed=7)
+    ctx = None
+    if with_lora:
+        ctx = lora_context(_adapters(cfg), (torch.arange(t, device="cuda") % 5 - 1).int())
+    backend.apply(x, tw, ti, ctx)  # warm: compile, autotune nothing, fill caches
+    pairs = t * cfg.top_k
+    budget = pairs * max(cfg.w13_rows, cfg.hidden_size) * 2 + pairs * cfg.intermediate_size * 2
+    if with_lora:
+        budget += pairs * LORA_RANK * ((2 if cfg.gated else 1) + 1) * 4
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = backend.apply(x, tw, ti, ctx)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - out.numel() * out.element_size()
+    assert extra <= budget + (4 if with_lora else 2) * 512, (
+        f"{name} T={t} lora={with_lora}: {extra} bytes beyond a budget of {budget}"
+    )
