@@ -354,6 +354,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"info": info, "ceilings": ceil, "rows": rows}
 
 
+def median_of_runs(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """One payload from several whole runs: per (shape, T, impl) the row of the run with the
+    median ratio (each run's rows use that run's own ceilings), every run's ratio kept."""
+    import statistics
+
+    first = payloads[0]
+    keyed: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for p in payloads:
+        for r in p["rows"]:
+            keyed.setdefault((r["shape"], r["T"], r["impl"]), []).append(r)
+    rows = []
+    for runs in keyed.values():
+        timed = sorted((r for r in runs if "ratio" in r), key=lambda r: r["ratio"])
+        if not timed:
+            rows.append(runs[0])
+            continue
+        row = dict(timed[(len(timed) - 1) // 2])
+        row["ratio_runs"] = [r["ratio"] for r in runs if "ratio" in r]
+        if any("overhead_vs_triton" in r for r in runs):
+            row["overhead_vs_triton"] = statistics.median(
+                r["overhead_vs_triton"] for r in runs if "overhead_vs_triton" in r
+            )
+        rows.append(row)
+    info = dict(first["info"], runs=len(payloads))
+    return {"info": info, "ceilings": first["ceilings"],
+            "ceilings_runs": [p["ceilings"] for p in payloads], "rows": rows}  # fmt: skip
+
+
 def _print_row(r: dict[str, Any]) -> None:
     head = f"{r['shape']:15s} T={r['T']:5d} {r['impl']:17s}"
     if "us" not in r:
@@ -383,10 +411,22 @@ def main() -> None:
     p.add_argument("--tag", default="kernels")
     p.add_argument("--warm", action="store_true", help="only compile/run once (parallel warm-up)")
     p.add_argument("--breakdown", action="store_true", help="per-kernel device times (profiler)")
+    p.add_argument("--runs", type=int, default=1,
+                   help="whole sweeps; the JSON keeps each point's median-ratio run")  # fmt: skip
     args = p.parse_args()
     payload = run(args)
     if args.warm:
         return
+    if args.runs > 1:
+        more = [run(args) for _ in range(args.runs - 1)]
+        payload = median_of_runs([payload, *more])
+        print("# median of runs (ratio; LoRA overhead median of runs):")
+        for r in payload["rows"]:
+            if r.get("ratio_runs"):
+                print(f"{r['shape']:15s} T={r['T']:5d} {r['impl']:18s} x{r['ratio']:.2f} "
+                      f"runs {' '.join(f'{v:.2f}' for v in r['ratio_runs'])}"
+                      + (f"  lora x{r['overhead_vs_triton']:.3f}" if "overhead_vs_triton" in r
+                         else ""))  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, f"{args.tag}.json"), payload)
     try:
