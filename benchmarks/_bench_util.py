@@ -110,14 +110,15 @@ def measure_ceilings(reps: int = 10) -> dict[str, float]:
     return {"copy_tbps": copy_tbps, "matmul_tflops": mm_tflops}
 
 
-def time_graph_us(calls: Sequence[Callable[[], Any]], replays: int = 20) -> dict[str, float]:
-    """Capture ``calls`` once in a CUDA graph, replay it; per-call µs (median, p20, p80)."""
+def _capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
+    """Warm ``calls`` on a side stream (compile, allocate), capture them in one CUDA graph,
+    replay it once; returns the graph."""
     import torch
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for fn in calls:  # warm: compile, allocate
+        for fn in calls:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
@@ -127,14 +128,26 @@ def time_graph_us(calls: Sequence[Callable[[], Any]], replays: int = 20) -> dict
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    per = []
+    return graph
+
+
+def _replays_us(graph: Any, replays: int, calls: int) -> float:
+    """Event-timed ``replays`` back-to-back replays of ``graph``; µs per call."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
     for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
         graph.replay()
-        b.record()
-        b.synchronize()
-        per.append(a.elapsed_time(b) * 1e3 / len(calls))
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / (replays * calls)
+
+
+def time_graph_us(calls: Sequence[Callable[[], Any]], replays: int = 20) -> dict[str, float]:
+    """Capture ``calls`` once in a CUDA graph, replay it; per-call µs (median, p20, p80)."""
+    graph = _capture_graph(calls)
+    per = [_replays_us(graph, 1, len(calls)) for _ in range(replays)]
     del graph
     q = statistics.quantiles(per, n=5)
     return {"us": statistics.median(per), "p20_us": q[0], "p80_us": q[-1], "replays": replays}
@@ -146,36 +159,13 @@ def time_graphs_interleaved(
     """Per-call µs of several variants, each captured in its own CUDA graph and timed in
     ``rounds`` rounds of ``replays`` replays, the variants in a rotated order every round, so
     that clock and thermal drift fall on all of them alike (median and p20/p80 over rounds)."""
-    import torch
-
-    graphs = {}
-    for name, calls in variants.items():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for fn in calls:  # warm: compile, allocate
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for fn in calls:
-                fn()
-        g.replay()
-        graphs[name] = (g, len(calls))
-    torch.cuda.synchronize()
+    graphs = {name: (_capture_graph(calls), len(calls)) for name, calls in variants.items()}
     names = list(graphs)
     per: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            g, n_calls = graphs[name]
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(replays):
-                g.replay()
-            b.record()
-            b.synchronize()
-            per[name].append(a.elapsed_time(b) * 1e3 / (replays * n_calls))
+            graph, n_calls = graphs[name]
+            per[name].append(_replays_us(graph, replays, n_calls))
     del graphs
     out = {}
     for name, xs in per.items():
