@@ -49,6 +49,8 @@ _CHUNK = 1024
 _BLOCK_CHUNK = 64
 #: Programs of the multi-program offsets kernel.
 _OFFSET_PROGRAMS = 8
+#: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
+MAX_SORT_KEYS = 4096
 
 
 class AlignedRouting(NamedTuple):
@@ -86,13 +88,14 @@ def _offsets_and_blocks(
     # constexpr
     BLOCK_M: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
+    WRITE_CURSOR: tl.constexpr,
     SENT_COLS: tl.constexpr = 16,
 ):
     """From per-expert counts: expert_ids and block_rows, written expert-parallel (step ``j``
     writes block ``j`` of every expert that has one; program ``prog`` of ``num_progs`` takes
     every ``num_progs``-th step), ``-1`` for blocks past the end and the sentinel padding (also
-    shared by step); program 0 also writes num_padded and the cursor (start row of each
-    expert)."""
+    shared by step); program 0 also writes num_padded and, with WRITE_CURSOR, the cursor (start
+    row of each expert). Returns the first block of each expert."""
     # block counts per expert and their exclusive prefix sums (bins >= num_experts hold
     # dropped pairs); every program recomputes them, a few hundred bins
     valid = bins < num_experts
@@ -103,7 +106,8 @@ def _offsets_and_blocks(
     total = tl.sum(nblk, 0)
     if prog == 0:
         tl.store(num_padded_ptr, total * BLOCK_M)
-        tl.store(cursor_ptr + bins, bstart * BLOCK_M, mask=valid)
+        if WRITE_CURSOR:
+            tl.store(cursor_ptr + bins, bstart * BLOCK_M, mask=valid)
     # sentinels after each expert's pairs, SENT_COLS padding rows per step (a [bins, BLOCK_M]
     # tile would not fit in registers for BLOCK_M = 128)
     pad_start = bstart * BLOCK_M + real
@@ -119,45 +123,101 @@ def _offsets_and_blocks(
     for b0 in range(total + prog * BLOCK_CHUNK, max_blocks, num_progs * BLOCK_CHUNK):
         offs_b = b0 + tl.arange(0, BLOCK_CHUNK)
         tl.store(expert_ids_ptr + offs_b, -1, mask=offs_b < max_blocks)
+    return bstart
+
+
+@triton.jit
+def _pair_keys(
+    offs,
+    # pointers
+    topk_ids_ptr,
+    lora_map_ptr,
+    lora_enabled_ptr,
+    # sizes
+    numel,
+    num_experts,
+    # constexpr
+    TOP_K: tl.constexpr,
+    SUB: tl.constexpr,
+):
+    """(whether each pair is kept, its sort key): ``expert * SUB + s`` with ``s`` = 0 for no
+    adapter and ``slot + 1`` otherwise (SUB = 1: the expert alone); dropped or out-of-range
+    pairs get key ``num_experts * SUB``."""
+    in_range = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
+    keep = in_range & (ids >= 0) & (ids < num_experts)
+    ids = tl.where(keep, ids, num_experts)
+    if SUB > 1:
+        slot = tl.load(lora_map_ptr + offs // TOP_K, mask=keep, other=-1)
+        on = tl.load(lora_enabled_ptr + slot, mask=slot >= 0, other=0)
+        key = ids * SUB + tl.where(on != 0, slot + 1, 0)
+    else:
+        key = ids
+    return keep, key
+
+
+@triton.jit
+def _sub_cursors(
+    sub_counts,  # [NUM_BINS * SUB] pairs per (expert, adapter key)
+    bstart,  # [NUM_BINS] first block of each expert
+    # pointers
+    cursor_ptr,  # [NUM_BINS * SUB] out
+    # sizes
+    num_experts,
+    # constexpr
+    NUM_BINS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    SUB: tl.constexpr,
+):
+    """cursor[e * SUB + s] = first row of expert e + pairs of e with a smaller adapter key."""
+    sub2 = tl.reshape(sub_counts, (NUM_BINS, SUB))
+    start = bstart[:, None] * BLOCK_M + tl.cumsum(sub2, 1) - sub2
+    keys = tl.arange(0, NUM_BINS)[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    tl.store(cursor_ptr + keys, start, mask=keys < num_experts * SUB)
 
 
 @triton.jit
 def _align_fused_kernel(
     # pointers
     topk_ids_ptr,  # [numel] expert of each pair
+    lora_map_ptr,  # [T] adapter slot per token (SUB > 1)
+    lora_enabled_ptr,  # [L] (SUB > 1)
     sorted_ids_ptr,  # [max_blocks * BLOCK_M] out
     expert_ids_ptr,  # [max_blocks] out
     num_padded_ptr,  # [1] out
     block_rows_ptr,  # [max_blocks] out
-    cursor_ptr,  # [NUM_BINS] scratch
+    cursor_ptr,  # [NUM_BINS * SUB] scratch
     # sizes
     numel,
     num_experts,
     max_blocks,
     # constexpr
+    TOP_K: tl.constexpr,
+    SUB: tl.constexpr,  # 1, or a power of two > adapter slots: pairs ordered by slot in an expert
     BLOCK_M: tl.constexpr,
     NUM_BINS: tl.constexpr,  # power of two > num_experts; the last bins take dropped pairs
     CHUNK: tl.constexpr,  # power of two >= numel
     BLOCK_CHUNK: tl.constexpr,
 ):
     """Whole alignment in one program (numel <= CHUNK)."""
-    # load the pairs; dropped or out-of-range pairs go to bin num_experts
+    # load the pairs and their keys; dropped or out-of-range pairs go to bin num_experts
     offs = tl.arange(0, CHUNK)
-    in_range = offs < numel
-    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
-    keep = in_range & (ids >= 0) & (ids < num_experts)
-    ids = tl.where(keep, ids, num_experts)
+    keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
+                           num_experts, TOP_K, SUB)  # fmt: skip
     bins = tl.arange(0, NUM_BINS)
-    counts = tl.histogram(ids, NUM_BINS)
-    # offsets, padding, expert ids; cursor[e] = start of expert e
-    _offsets_and_blocks(
+    sub_counts = tl.histogram(key, NUM_BINS * SUB)
+    counts = tl.sum(tl.reshape(sub_counts, (NUM_BINS, SUB)), 1)  # per expert
+    # offsets, padding, expert ids; cursor[key] = first free row of the key
+    bstart = _offsets_and_blocks(
         counts, bins, 0, 1,
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
-        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
     )  # fmt: skip
+    if SUB > 1:
+        _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
     tl.debug_barrier()
-    # each pair takes the next free row of its expert
-    pos = tl.atomic_add(cursor_ptr + ids, 1, mask=keep, sem="relaxed")
+    # each pair takes the next free row of its key
+    pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
 
@@ -165,41 +225,44 @@ def _align_fused_kernel(
 def _align_count_kernel(
     # pointers
     topk_ids_ptr,  # [numel]
-    counts_ptr,  # [NUM_BINS] zero-filled, accumulated with atomics
+    lora_map_ptr,
+    lora_enabled_ptr,
+    counts_ptr,  # [NUM_BINS * SUB] zero-filled, accumulated with atomics
     # sizes
     numel,
     num_experts,
     # constexpr
+    TOP_K: tl.constexpr,
+    SUB: tl.constexpr,
     NUM_BINS: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    """Per-expert pair counts of one chunk, added into counts."""
-    # histogram of this chunk
+    """Pair counts per key (expert, or expert and adapter) of one chunk, added into counts."""
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    in_range = offs < numel
-    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
-    keep = in_range & (ids >= 0) & (ids < num_experts)
-    ids = tl.where(keep, ids, num_experts)
-    hist = tl.histogram(ids, NUM_BINS)
+    _keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
+                            num_experts, TOP_K, SUB)  # fmt: skip
+    hist = tl.histogram(key, NUM_BINS * SUB)
     # accumulate real experts only
-    bins = tl.arange(0, NUM_BINS)
-    tl.atomic_add(counts_ptr + bins, hist, mask=(bins < num_experts) & (hist > 0), sem="relaxed")
+    keys = tl.arange(0, NUM_BINS * SUB)
+    tl.atomic_add(counts_ptr + keys, hist, mask=(keys < num_experts * SUB) & (hist > 0),
+                  sem="relaxed")  # fmt: skip
 
 
 @triton.jit
 def _align_offsets_kernel(
     # pointers
-    counts_ptr,  # [NUM_BINS] per-expert counts
+    counts_ptr,  # [NUM_BINS * SUB] counts per key
     sorted_ids_ptr,
     expert_ids_ptr,
     num_padded_ptr,
     block_rows_ptr,
-    cursor_ptr,  # [NUM_BINS] out: start of each expert
+    cursor_ptr,  # [NUM_BINS * SUB] out: first row of each key
     # sizes
     numel,
     num_experts,
     max_blocks,
     # constexpr
+    SUB: tl.constexpr,
     BLOCK_M: tl.constexpr,
     NUM_BINS: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
@@ -207,42 +270,58 @@ def _align_offsets_kernel(
     """Expert ids and block rows from the counts, steps shared by the programs; program 0
     also writes num_padded, the cursor and the sentinels."""
     bins = tl.arange(0, NUM_BINS)
-    counts = tl.load(counts_ptr + bins, mask=bins < num_experts, other=0)
-    _offsets_and_blocks(
-        counts, bins, tl.program_id(0), tl.num_programs(0),
+    keys = tl.arange(0, NUM_BINS * SUB)
+    sub_counts = tl.load(counts_ptr + keys, mask=keys < num_experts * SUB, other=0)
+    counts = tl.sum(tl.reshape(sub_counts, (NUM_BINS, SUB)), 1)  # per expert
+    prog = tl.program_id(0)
+    bstart = _offsets_and_blocks(
+        counts, bins, prog, tl.num_programs(0),
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
-        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
     )  # fmt: skip
+    if SUB > 1 and prog == 0:
+        _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
 
 
 @triton.jit
 def _align_scatter_kernel(
     # pointers
     topk_ids_ptr,  # [numel]
+    lora_map_ptr,
+    lora_enabled_ptr,
     sorted_ids_ptr,  # [max_blocks * BLOCK_M] out
-    cursor_ptr,  # [NUM_BINS] next free row per expert
+    cursor_ptr,  # [NUM_BINS * SUB] next free row per key
     # sizes
     numel,
     num_experts,
     # constexpr
+    TOP_K: tl.constexpr,
+    SUB: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    """Each pair of one chunk takes the next free row of its expert."""
+    """Each pair of one chunk takes the next free row of its key."""
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    in_range = offs < numel
-    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
-    keep = in_range & (ids >= 0) & (ids < num_experts)
-    pos = tl.atomic_add(cursor_ptr + ids, 1, mask=keep, sem="relaxed")
+    keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
+                           num_experts, TOP_K, SUB)  # fmt: skip
+    pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
 
 def moe_align(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int, alloc: Alloc | None = None
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    alloc: Alloc | None = None,
+    *,
+    adapter_order: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> AlignedRouting:
     """Group (token, slot) pairs by expert and pad each group to ``block_m`` (no host sync).
 
     ``alloc`` (shape, dtype) -> tensor provides the output and scratch buffers (default: new
-    tensors); the fused MoE passes views of its idle output buffer."""
+    tensors); the fused MoE passes views of its idle output buffer. ``adapter_order`` =
+    (token -> LoRA slot int32 [T], enabled int32 [L]): inside each expert, pairs are ordered
+    by adapter (none first, then slot 0, 1, ...), so a block of a busy expert holds few
+    adapters. Blocks, padding and ``block_rows`` are the same either way."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"topk_ids must be a 2-D int32/int64 tensor [T, k], got shape "
@@ -262,31 +341,42 @@ def moe_align(
     num_padded = take((1,), torch.int32)
     block_rows = take((max_blocks,), torch.int32)
     num_bins = triton.next_power_of_2(num_experts + 1)
+    sub = 1
+    lmap = len_ = topk_ids  # placeholders when pairs are not ordered by adapter
+    if adapter_order is not None:
+        lmap, len_ = adapter_order
+        sub = triton.next_power_of_2(len_.numel() + 1)
+        if len_.numel() == 0 or num_bins * sub > MAX_SORT_KEYS:
+            sub, lmap, len_ = 1, topk_ids, topk_ids
     if numel == 0:
         num_padded.zero_()
         expert_ids.fill_(-1)
         return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
+    keys = dict(TOP_K=topk_ids.shape[1], SUB=sub)
     if numel <= FUSED_MAX:
-        cursor = take((num_bins,), torch.int32)
+        cursor = take((num_bins * sub,), torch.int32)
         _align_fused_kernel[(1,)](
-            topk_ids, sorted_ids, expert_ids, num_padded, block_rows, cursor,
+            topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             BLOCK_M=block_m, NUM_BINS=num_bins,
-            CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
+            CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK, **keys,
         )  # fmt: skip
     else:
-        scratch = take((2 * num_bins,), torch.int32).zero_()
-        counts, cursor = scratch[:num_bins], scratch[num_bins:]
+        scratch = take((2 * num_bins * sub,), torch.int32).zero_()
+        counts, cursor = scratch[: num_bins * sub], scratch[num_bins * sub :]
         grid = (triton.cdiv(numel, _CHUNK),)
         _align_count_kernel[grid](
-            topk_ids, counts, numel, num_experts, NUM_BINS=num_bins, CHUNK=_CHUNK
-        )
+            topk_ids, lmap, len_, counts, numel, num_experts,
+            NUM_BINS=num_bins, CHUNK=_CHUNK, **keys,
+        )  # fmt: skip
         _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
             counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
-            BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
+            SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
         )  # fmt: skip
-        _align_scatter_kernel[grid](topk_ids, sorted_ids, cursor, numel, num_experts, CHUNK=_CHUNK)
+        _align_scatter_kernel[grid](
+            topk_ids, lmap, len_, sorted_ids, cursor, numel, num_experts, CHUNK=_CHUNK, **keys
+        )
     return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
 
 

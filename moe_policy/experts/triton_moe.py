@@ -619,7 +619,14 @@ def fused_moe_triton(
         num_blocks = numel
         sorted_ids = expert_ids = num_padded = block_rows = topk_ids  # unused placeholders
     else:
-        routing = moe_align(topk_ids, e, bm, alloc=work.take)
+        # with LoRA and experts averaging more than a block, pairs are ordered by adapter
+        # inside each expert, so a busy expert's blocks hold few adapters (the expand runs one
+        # small dot per adapter in a block): 3-9% faster on the H200 at T >= 1024; with one
+        # block per expert nothing is gained and the ordering costs 1-2%
+        order = None
+        if lora is not None and numel > e * bm:
+            order = (lora.token_lora_mapping, lora.adapters.enabled)
+        routing = moe_align(topk_ids, e, bm, alloc=work.take, adapter_order=order)
         num_blocks = routing.max_blocks
         sorted_ids, expert_ids, num_padded, block_rows = (
             routing.sorted_ids,

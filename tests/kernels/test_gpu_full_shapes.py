@@ -34,7 +34,7 @@ SHAPES = {
     "gpt-oss-20b": ExpertsConfig(32, 2880, 2880, 4, "swigluoai", has_bias=True),
 }
 TOKENS = (1, 37, 256, 1001)
-LORA_TOKENS = (3, 129)
+LORA_TOKENS = (3, 129, 3000)  # 3000: experts span several blocks, pairs ordered by adapter
 LORA_SLOTS, LORA_RANK = 4, 16
 
 

@@ -309,3 +309,40 @@ def test_lora_unsplit_shrink_small_tiles_match_reference(device):
     out = backend.apply(x, tw, ti, ctx)
     err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    "tiles", [TILES_16_TMA, TILES_64_TWO_DOT], ids=["bm16-tma", "bm64-two-dot"]
+)
+def test_lora_with_pairs_ordered_by_adapter(tiles, device, monkeypatch):
+    """When experts average more than a block, the alignment orders each expert's pairs by
+    adapter; results match the reference and the unordered alignment."""
+    from moe_policy.experts import triton_moe
+
+    cfg = ExpertsConfig(4, 64, 48, 2, "silu")
+    t = 4 * tiles.block_m + 3  # 2 pairs per token over 4 experts: ~2 blocks per expert
+    dtype = dtypes_for_device()[0]
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(t, cfg.hidden_size, dtype, device)
+    tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, device, seed=8)
+    ad = make_lora(cfg, num_slots=3, max_rank=16, ranks=[16, 8, 12], dtype=dtype, device=device,
+                   disabled=(1,))  # fmt: skip
+    ctx = lora_context(ad, lora_mapping(t, "some_none", 3, device))
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=tiles)
+    orders = []
+    align = triton_moe.moe_align
+
+    def recording(*args, **kwargs):
+        orders.append(kwargs.get("adapter_order") is not None)
+        return align(*args, **kwargs)
+
+    monkeypatch.setattr(triton_moe, "moe_align", recording)
+    out = backend.apply(x, tw, ti, ctx)
+    assert orders == [True]
+    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+    monkeypatch.setattr(
+        triton_moe, "moe_align", lambda *a, **k: align(*a, **{**k, "adapter_order": None})
+    )
+    assert rel_err(out, backend.apply(x, tw, ti, ctx).double()) < REL_TOL[dtype]
+    assert orders == [True]  # the second call went around the recorder

@@ -69,8 +69,8 @@ def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=
 # ---------------------------------------------------------------- alignment
 
 
-def _check_alignment(ti: torch.Tensor, num_experts: int, block_m: int) -> None:
-    r = moe_align(ti, num_experts, block_m)
+def _check_alignment(ti: torch.Tensor, num_experts: int, block_m: int, routing=None) -> None:
+    r = routing if routing is not None else moe_align(ti, num_experts, block_m)
     numel = ti.numel()
     flat = ti.flatten().long().cpu()
     n = int(r.num_padded)
@@ -120,6 +120,26 @@ def test_alignment_groups_pairs_by_expert(t, k, e, block_m, kind, device):
     """Each pair appears once, blocks hold one expert, padding is the sentinel, none wasted."""
     _, ti = make_routing(t, e, k, device, kind=kind)
     _check_alignment(ti, e, block_m)
+
+
+@pytest.mark.parametrize(("t", "k", "e", "block_m"), [(40, 2, 4, 16), (300, 6, 16, 128)])
+def test_alignment_orders_pairs_by_adapter(t, k, e, block_m, device):
+    """With adapter_order, each expert's pairs come no-adapter first (unmapped or disabled
+    slot), then by slot; blocks, padding and block_rows keep their invariants (fused and
+    multi-program paths)."""
+    _, ti = make_routing(t, e, k, device, kind="uniform", seed=3)
+    slots = torch.arange(t, device=device).remainder(5).int() - 1  # -1, 0, 1, 2, 3
+    enabled = torch.tensor([1, 1, 0, 1], dtype=torch.int32, device=device)  # slot 2 disabled
+    r = moe_align(ti, e, block_m, adapter_order=(slots, enabled))
+    _check_alignment(ti, e, block_m, routing=r)
+    numel = ti.numel()
+    s = r.sorted_ids[: int(r.num_padded)].long().cpu()
+    flat = ti.flatten().long().cpu()
+    sl = slots.long().cpu()[torch.arange(numel) // k]
+    key = torch.where((sl >= 0) & (enabled.cpu()[sl.clamp(min=0)] != 0), sl + 1, 0)
+    real = s[s < numel]
+    assert bool(((flat[real].diff() == 0) <= (key[real].diff() >= 0)).all()), "not by adapter"
+    assert int(r.num_padded) == int(moe_align(ti, e, block_m).num_padded)
 
 
 def test_alignment_drops_invalid_experts(device):
