@@ -22,9 +22,17 @@ Layout of the outputs (all int32, sizes static so that no host synchronisation i
 ``num_padded``), ``num_padded [1]``, ``block_rows [max_blocks]``, with ``max_blocks = min(numel, floor(numel/BLOCK_M) + E)``,
 an upper bound of ``sum_e ceil(count[e]/BLOCK_M)``. Entries past ``num_padded`` are unspecified.
 
+Adapter order (``adapter_order=(token -> LoRA slot, enabled)``, used by the LoRA path when
+experts span several blocks): inside each expert, pairs with no enabled adapter come first,
+then the pairs of slot 0, 1, ... (keys ``expert * SUB + slot + 1``, ``SUB`` a power of two
+above the slot count), so a block holds few adapters. Counts, blocks, padding and
+``block_rows`` are those of the plain alignment.
+
 Limits. Pairs whose expert id is outside ``[0, E)`` (experts on another rank) are dropped.
-The order of pairs inside one expert is not stable (GPU atomics hand out the ranks); the
-GEMMs treat rows independently, so results do not depend on it. ``E`` up to 1024.
+The order of pairs inside one expert (or one adapter key) is not stable (GPU atomics hand
+out the ranks); the GEMMs treat rows independently, so results do not depend on it. ``E``
+up to 1024; adapter order only while ``E`` bins times ``SUB`` stay within
+``MAX_SORT_KEYS``.
 Small problems (``numel <= FUSED_MAX``) use one program of one kernel; larger ones use a
 zero-filled counter buffer, a counting kernel, an offsets kernel (a few programs, each
 recomputing the prefix sums and writing every expert's j-th block for its share of j) and a
@@ -150,7 +158,8 @@ def _pair_keys(
     if SUB > 1:
         slot = tl.load(lora_map_ptr + offs // TOP_K, mask=keep, other=-1)
         on = tl.load(lora_enabled_ptr + slot, mask=slot >= 0, other=0)
-        key = ids * SUB + tl.where(on != 0, slot + 1, 0)
+        # a slot past the key range (a bad mapping) must not spill into the next expert
+        key = ids * SUB + tl.where((on != 0) & (slot + 1 < SUB), slot + 1, 0)
     else:
         key = ids
     return keep, key
