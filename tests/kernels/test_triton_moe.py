@@ -142,6 +142,25 @@ def test_alignment_orders_pairs_by_adapter(t, k, e, block_m, device):
     assert int(r.num_padded) == int(moe_align(ti, e, block_m).num_padded)
 
 
+def test_alignment_with_too_many_adapter_keys_stays_unordered(device):
+    """Past MAX_SORT_KEYS (E bins x adapter keys) the alignment ignores adapter_order: it is
+    the plain alignment, and a busy expert's pairs keep their mixed adapters."""
+    from moe_policy.experts.align import MAX_SORT_KEYS
+
+    e, t = 600, 50  # 1024 bins x 8 keys for 4 slots > MAX_SORT_KEYS
+    assert MAX_SORT_KEYS < 1024 * 8
+    _, ti = make_routing(t, e, 4, device, kind="skewed", seed=6)  # slot 0 of every token: expert 0
+    slots = torch.arange(t, device=device).remainder(4).int()
+    enabled = torch.ones(4, dtype=torch.int32, device=device)
+    r = moe_align(ti, e, 16, adapter_order=(slots, enabled))
+    _check_alignment(ti, e, 16, routing=r)
+    first = r.sorted_ids[: 4 * 16].long().cpu()  # expert 0's 50 pairs fill its first 4 blocks
+    first = first[first < ti.numel()]
+    assert first.numel() == t
+    keys = slots.long().cpu()[first // 4]
+    assert not bool((keys.diff() >= 0).all()), "pairs were ordered by adapter"
+
+
 def test_alignment_drops_invalid_experts(device):
     """Pairs routed outside [0, E) (experts of another rank) are left out, in both paths."""
     for t in (9, FUSED_MAX // 2 + 7):
