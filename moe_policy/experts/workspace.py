@@ -8,6 +8,7 @@ never have to check. The caller guarantees that nothing reads ``buf`` while the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -31,10 +32,7 @@ class Workspace:
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape``: a view of the buffer when it fits."""
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         start = -(-self._offset // _ALIGN) * _ALIGN
         if self._bytes is not None and start + nbytes <= self._bytes.numel():
             self._offset = start + nbytes
