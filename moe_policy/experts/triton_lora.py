@@ -86,26 +86,31 @@ def lora_expand_loop(
     NUM_SLICES: tl.constexpr,  # 2: acc columns interleave two slices (col_slice says which)
     U_SPLIT: tl.constexpr,
     DTYPE: tl.constexpr,  # compute dtype of the dot
+    RANK_MASK: tl.constexpr,  # rank < BLOCK_R: mask the padding ranks
 ):
     """``acc + u @ B[slot, expert]^T`` for rows with an adapter: one small dot per slot present.
 
     Accumulator column ``c`` is output column ``offs_n[c]`` of slice ``col_slice[c]``; with two
-    slices the dot's K axis holds both slices' ranks interleaved and B is zero where the slices
-    differ, so a one-dot gated tile takes its gate and up deltas in its own accumulator layout
-    (before the gate/up split)."""
+    slices the dot's K axis holds one slice's ranks, then the other's, and B is zero where the
+    slices differ, so a one-dot gated tile takes its gate and up deltas in its own accumulator
+    layout (before the gate/up split). Ranks are contiguous along K and the masks are constant
+    along runs of them, so u and B load as vectors."""
     q = tl.arange(0, NUM_SLICES * BLOCK_R)
-    q_slice = q % NUM_SLICES
-    q_r = q // NUM_SLICES
-    r_mask = q_r < rank
-    u_mask = (slot >= 0)[:, None] & r_mask[None, :]
+    q_slice = q // BLOCK_R
+    q_r = q % BLOCK_R
+    u_mask = (slot >= 0)[:, None]
     u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um
     u_ptrs += (q_slice * stride_us + q_r * stride_ur)[None, :]
+    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe
+    b_ptrs += (q_slice * stride_lbs + q_r * stride_lbr)[:, None] + offs_n[None, :] * stride_lbn
+    # one slice: q_slice is all zero, a mask constant along K (two: B is zero across slices)
+    b_mask = q_slice[:, None] == col_slice[None, :] if NUM_SLICES == 2 else (q_slice == 0)[:, None]
+    if RANK_MASK:
+        u_mask = u_mask & (q_r < rank)[None, :]
+        b_mask = b_mask & (q_r < rank)[:, None]
     u = tl.load(u_ptrs, mask=u_mask, other=0.0)
     for sp in tl.static_range(1, U_SPLIT):
         u += tl.load(u_ptrs + sp * stride_uk, mask=u_mask, other=0.0)
-    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe
-    b_ptrs += (q_slice * stride_lbs + q_r * stride_lbr)[:, None] + offs_n[None, :] * stride_lbn
-    b_mask = r_mask[:, None] & (q_slice[:, None] == col_slice[None, :])
     for sid in range(0, num_slots):
         sel = slot == sid
         if tl.sum(sel.to(tl.int32), 0) > 0:
@@ -113,6 +118,17 @@ def lora_expand_loop(
             b_s = tl.load(b_ptrs + sid * stride_lbl, mask=b_mask, other=0.0).to(DTYPE)
             acc = tl.dot(u_s, b_s, acc)
     return acc
+
+
+@triton.jit
+def _own_slot_columns(
+    acc, hit, BLOCK_M: tl.constexpr, LR_BLOCK: tl.constexpr, BLOCK_R: tl.constexpr
+):
+    """[BLOCK_M, LR_BLOCK] slot-expanded columns -> [BLOCK_M, BLOCK_R]: each row's own slot."""
+    if LR_BLOCK == BLOCK_R:
+        return acc
+    own = tl.where(hit, acc, 0.0)
+    return tl.sum(tl.reshape(own, (BLOCK_M, LR_BLOCK // BLOCK_R, BLOCK_R)), axis=1)
 
 
 @triton.jit(do_not_specialize=["numel", "rank"])
@@ -156,6 +172,7 @@ def _lora_shrink_kernel(
     LR_BLOCK: tl.constexpr,  # slot-expanded columns of this program (grid axis 1 = chunk)
     BLOCK_K: tl.constexpr,
     K_STEPS: tl.constexpr,  # BLOCK_K steps per program; grid axis 2 = split-K part
+    RANK_MASK: tl.constexpr,  # rank < BLOCK_R: padding ranks are not stored
 ):
     """u[s, pair] = a[row] @ A[s, slot, expert]^T for the block's rows whose slot is in the chunk."""
     # block -> pairs, expert and slots; exit when no row's slot is in this chunk
@@ -203,13 +220,18 @@ def _lora_shrink_kernel(
             acc1 = tl.dot(a, w1.to(a.dtype), acc1)
         a_ptrs += BLOCK_K * stride_ak
         la_ptrs += BLOCK_K * stride_lak
-    # each row keeps the columns of its own slot (this split-K part's partial sum)
+    # each row keeps the columns of its own slot (this split-K part's partial sum), gathered
+    # into BLOCK_R columns so that the store is one row-masked vector store per row
+    offs_r = tl.arange(0, BLOCK_R)
     u_ptrs = u_ptr + part * stride_uk + pairs.to(tl.int64)[:, None] * stride_um
-    u_ptrs += col_r[None, :] * stride_ur
-    u_mask = rows[:, None] & hit
-    tl.store(u_ptrs, acc0, mask=u_mask)
+    u_ptrs += offs_r[None, :] * stride_ur
+    u_mask = rows[:, None]
+    if RANK_MASK:
+        u_mask = u_mask & (offs_r < rank)[None, :]
+    tl.store(u_ptrs, _own_slot_columns(acc0, hit, BLOCK_M, LR_BLOCK, BLOCK_R), mask=u_mask)
     if NUM_SLICES == 2:
-        tl.store(u_ptrs + stride_us, acc1, mask=u_mask)
+        u1 = _own_slot_columns(acc1, hit, BLOCK_M, LR_BLOCK, BLOCK_R)
+        tl.store(u_ptrs + stride_us, u1, mask=u_mask)
 
 
 def lora_shrink(
@@ -264,6 +286,7 @@ def lora_shrink(
         u.stride(0), u.stride(1), u.stride(2), u.stride(3),
         A_ROW_DIV=a_row_div, A_SORTED=a_sorted, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
         BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k, K_STEPS=k_steps,
+        RANK_MASK=rank < block_r,
         num_warps=4 if block_m <= 64 else 8, num_stages=3,
     )  # fmt: skip
     return u

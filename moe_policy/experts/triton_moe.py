@@ -166,6 +166,7 @@ def _moe_tile(
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
     U_SPLIT: tl.constexpr,
+    RANK_MASK: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
     pair_mask = pairs < numel
@@ -240,7 +241,7 @@ def _moe_tile(
             acc_b, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr, lora_b_ptr,
             num_slots, lora_rank, stride_uk, stride_us, stride_um, stride_ur,
             stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-            BLOCK_R, 2 if (GATED and ONE_DOT) else 1, U_SPLIT, dt,
+            BLOCK_R, 2 if (GATED and ONE_DOT) else 1, U_SPLIT, dt, RANK_MASK,
         )  # fmt: skip
         if GATED and not ONE_DOT:
             acc_u = lora_expand_loop(
@@ -248,7 +249,7 @@ def _moe_tile(
                 lora_b_ptr + stride_lbs, num_slots, lora_rank,
                 stride_uk, stride_us, stride_um, stride_ur,
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, 1, U_SPLIT, dt,
+                BLOCK_R, 1, U_SPLIT, dt, RANK_MASK,
             )  # fmt: skip
     if GATED and ONE_DOT:  # even columns are gate, odd columns up
         acc, acc_u = tl.split(tl.reshape(acc_b, (BLOCK_M, BLOCK_N, 2)))
@@ -352,6 +353,7 @@ def _moe_gemm_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,  # LoRA rank, padded to a power of two >= 16
     U_SPLIT: tl.constexpr,  # split-K partials in the LoRA shrink output
+    RANK_MASK: tl.constexpr,  # LoRA max rank < BLOCK_R: padding ranks are masked
     GROUP_M: tl.constexpr,
     TAIL_M: tl.constexpr,  # 0, or: blocks with <= TAIL_M real rows run a TAIL_M-row tile
 ):
@@ -383,7 +385,7 @@ def _moe_gemm_kernel(
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
                 A_ROW_DIV, A_SORTED, False, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-                TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT,
+                TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK,
             )  # fmt: skip
             return
     _moe_tile(
@@ -395,7 +397,7 @@ def _moe_gemm_kernel(
         stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
         A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
         LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT,
+        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK,
     )  # fmt: skip
 
 
@@ -665,7 +667,8 @@ def fused_moe_triton(
     tail_m = 0 if naive else cfg.tail_m
     common = dict(
         route=route, lora_args=(lmap, len_, slots, rank), numel=numel, num_experts=e,
-        num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, TOP_K=k,
+        num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, RANK_MASK=rank < block_r,
+        TOP_K=k,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit), HAS_LORA=has_lora, TAIL_M=tail_m,
     )  # fmt: skip
     _launch_gemm(

@@ -172,6 +172,8 @@ TILES_64_TAIL = tc.MoEConfig(
         (ExpertsConfig(8, 64, 48, 2, "gelu", has_bias=True), TILES_64_TWO_DOT, 16, [8, 16, 16]),
         (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64_TMA, 32, [32, 8, 24]),
         (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64_TAIL, 16, [16, 8, 16]),
+        (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64, 12, [12, 8, 4]),
+        (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), None, 8, [8, 4, 8]),
     ],
     ids=[
         "bm64-one-dot",
@@ -181,10 +183,13 @@ TILES_64_TAIL = tc.MoEConfig(
         "bm64-two-dot",
         "bm64-tma-relu2",
         "bm64-tail16",
+        "bm64-rank12-padded",
+        "rank8-padded",
     ],
 )
 def test_lora_large_tiles_and_ranks(cfg, tiles, max_rank, ranks, device):
-    """Delta-first large tiles and rank 64 (several slot chunks) match the reference."""
+    """Large tiles, rank 64 (several slot chunks) and max ranks below the padded rank (masked
+    padding) match the reference."""
     dtype = dtypes_for_device()[0]
     wts = make_weights(cfg, dtype, device)
     x = make_x(19, cfg.hidden_size, dtype, device)
