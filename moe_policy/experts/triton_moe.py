@@ -10,7 +10,8 @@ Math, per token ``t`` and routed slot ``j`` (pair ``i = t*k + j``, expert ``e``,
 Pipeline: ``moe_align`` (pairs grouped by expert, padded to BLOCK_M; skipped for tiny batches,
 where block ``b`` holds pair ``b`` alone) -> [LoRA shrink of x] -> GEMM 1 + activation
 (+ LoRA expand) -> [LoRA shrink of a] -> GEMM 2 + bias + weight (+ LoRA expand) -> top-k sum
-(skipped when k = 1: GEMM 2 then writes the output).
+(skipped when k = 1: GEMM 2 then writes the output; at decode without LoRA GEMM 2's last pair
+of each token and N tile writes the sum, see ``_moe_gemm_kernel``).
 
 Weight layout expected by the kernels (``TritonExperts.convert_weights`` produces it from the
 common layout): gated ``w13 [E, 2I, H]`` interleaved, gate of column ``n`` at row ``2n`` and up
@@ -72,6 +73,9 @@ _WEIGHT_NONE, _WEIGHT_INPUT, _WEIGHT_OUTPUT = 0, 1, 2
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Below this many M blocks the LoRA shrink splits K (up to 8 parts) to fill the GPU.
 SHRINK_MIN_PROGRAMS = 128
+#: Decode (one pair per block, k > 1): GEMM 2 writes the top-k sum itself (its last pair per
+#: token and N tile sums), instead of a separate sum kernel. False restores the sum kernel.
+FUSED_DECODE_SUM = True
 
 
 @triton.jit
@@ -303,6 +307,8 @@ def _moe_gemm_kernel(
     lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
     lora_map_ptr,  # [T] int32 slot per token
     lora_enabled_ptr,  # [L] int32
+    sum_ptr,  # [T, N] layer output, unit stride along N (SUM_K: the fused top-k sum)
+    cnt_ptr,  # the output's bytes as int32: one arrival counter per (token, N tile)
     # sizes
     N,
     K,
@@ -311,6 +317,8 @@ def _moe_gemm_kernel(
     num_blocks,  # static bound on M blocks (grid rows)
     num_slots,
     lora_rank,
+    num_tokens,  # T (ZERO_CNT)
+    n_cnt,  # counters per token = GEMM-2 N tiles (ZERO_CNT)
     # strides (elements between neighbours along each dimension)
     stride_am,
     stride_ak,
@@ -330,6 +338,9 @@ def _moe_gemm_kernel(
     stride_lbe,
     stride_lbn,
     stride_lbr,
+    stride_st,  # output rows
+    stride_cnt_t,  # counter rows (int32 elements)
+    cnt_step,  # int32 elements between the counters of neighbouring N tiles
     # constexpr
     A_ROW_DIV: tl.constexpr,  # top_k for GEMM 1 (rows of x)
     A_SORTED: tl.constexpr,  # A rows in expert-sorted order (GEMM 2): block_rows + r
@@ -356,10 +367,27 @@ def _moe_gemm_kernel(
     RANK_MASK: tl.constexpr,  # LoRA max rank < BLOCK_R: padding ranks are masked
     GROUP_M: tl.constexpr,
     TAIL_M: tl.constexpr,  # 0, or: blocks with <= TAIL_M real rows run a TAIL_M-row tile
+    SUM_K: tl.constexpr,  # NAIVE GEMM 2 with k > 1: the token's last pair sums (0 = off)
+    ZERO_CNT: tl.constexpr,  # GEMM 1 before a SUM_K GEMM 2: counters to zero, padded (0 = off)
 ):
-    """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block)."""
+    """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block).
+
+    Fused decode sum (NAIVE, one pair per block): GEMM 1's first program zeroes one int32
+    arrival counter per (token, GEMM-2 N tile), kept in the first bytes of that output tile; in
+    GEMM 2 each pair's program stores its row, then counts itself in; the last of the token's
+    pairs sums their rows in slot order (as ``_moe_sum_kernel``) and overwrites the tile,
+    counter included. No extra buffer, no state across calls, no launch for the sum."""
     # program -> (block of pairs, N tile), grouped so that GROUP_M blocks share B tiles in L2
     pid = tl.program_id(0)
+    if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
+        if pid == 0:
+            offs_cnt = tl.arange(0, ZERO_CNT)
+            for tok in range(0, num_tokens):
+                tl.store(
+                    cnt_ptr + tok * stride_cnt_t + offs_cnt * cnt_step,
+                    tl.zeros((ZERO_CNT,), dtype=tl.int32),
+                    mask=offs_cnt < n_cnt,
+                )
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
     first_pid_m = (pid // num_pid_in_group) * GROUP_M
@@ -371,6 +399,11 @@ def _moe_gemm_kernel(
         numel, num_experts, BLOCK_M, NAIVE,
     )  # fmt: skip
     if not live:
+        if SUM_K > 0:  # an invalid expert still counts as arrived
+            _sum_when_last(
+                pid_m, pid_n, c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts,
+                stride_cm, stride_cn, stride_st, stride_cnt_t, cnt_step, SUM_K, BLOCK_N,
+            )  # fmt: skip
         return
     if TAIL_M > 0:  # noqa: SIM102 (constexpr test: the short tile is compiled only when on)
         if tl.sum((pairs < numel).to(tl.int32), 0) <= TAIL_M:
@@ -399,6 +432,51 @@ def _moe_gemm_kernel(
         LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
         BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK,
     )  # fmt: skip
+    if SUM_K > 0:
+        _sum_when_last(
+            pid_m, pid_n, c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts,
+            stride_cm, stride_cn, stride_st, stride_cnt_t, cnt_step, SUM_K, BLOCK_N,
+        )  # fmt: skip
+
+
+@triton.jit
+def _sum_when_last(
+    pair,
+    pid_n,
+    c_ptr,
+    sum_ptr,
+    cnt_ptr,
+    topk_ids_ptr,
+    N,
+    num_experts,
+    stride_cm,
+    stride_cn,
+    stride_st,
+    stride_cnt_t,
+    cnt_step,
+    TOP_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Count ``pair`` in at its token's N tile; the token's last pair writes the top-k sum.
+
+    The CTA barrier orders every thread's stores of the tile before the counter's release;
+    the last arriver's acquire orders the other pairs' rows before its loads, which bypass L1."""
+    tok = pair // TOP_K
+    tl.debug_barrier()
+    cnt = cnt_ptr + tok * stride_cnt_t + pid_n * cnt_step
+    if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            e = tl.load(topk_ids_ptr + tok * TOP_K + j)
+            n_lim = N * ((e >= 0) & (e < num_experts)).to(tl.int32)  # 0 skips an invalid slot
+            row = c_ptr + (tok * TOP_K + j).to(tl.int64) * stride_cm
+            v = tl.load(
+                row + offs_n * stride_cn, mask=offs_n < n_lim, other=0.0, cache_modifier=".cg"
+            )
+            acc += v.to(tl.float32)
+        out = sum_ptr + tok.to(tl.int64) * stride_st + offs_n
+        tl.store(out, acc.to(sum_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 @triton.jit
@@ -638,6 +716,23 @@ def fused_moe_triton(
         )
     route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded, block_rows)
 
+    # decode without LoRA: GEMM 2 sums the top k itself, with arrival counters in the output's
+    # first bytes of each (token, N tile). With LoRA the output holds the w2 shrink output
+    # (split-K parts that fit no budget elsewhere), so the sum kernel stays: on the H200 the
+    # fusion took 6% off Qwen3-30B-A3B at T=1, nothing elsewhere, and a smaller w2 shrink split
+    # made LoRA 4-6% slower on Nemotron and Mixtral
+    g2 = cfg.gemm2
+    fused_sum = (
+        FUSED_DECODE_SUM and naive and not direct and lora is None
+        and (h * out.element_size()) % 4 == 0
+    )  # fmt: skip
+    sum_args = None
+    if fused_sum:
+        words = out.element_size() * out.stride(0) // 4
+        n_cnt = triton.cdiv(h, g2.block_n)
+        cnt_step = g2.block_n * out.element_size() // 4
+        sum_args = (out, out.view(torch.int32), t, n_cnt, out.stride(0), words, cnt_step)
+
     # LoRA: shrink of x for every w13 slice
     has_lora = lora is not None
     if lora is not None:
@@ -670,12 +765,14 @@ def fused_moe_triton(
         num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, RANK_MASK=rank < block_r,
         TOP_K=k,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit), HAS_LORA=has_lora, TAIL_M=tail_m,
+        sum_args=sum_args,
     )  # fmt: skip
     _launch_gemm(
         x, w13, act_out, None, b1_desc, w13_bias, u13, lb13, g1,
         A_ROW_DIV=k, A_SORTED=False, C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
-        ONE_DOT=one_dot1, **common,
+        ONE_DOT=one_dot1, SUM_K=0,
+        ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0, **common,
     )  # fmt: skip
 
     # LoRA: shrink of the activation for w2
@@ -688,7 +785,6 @@ def fused_moe_triton(
         u2 = lb2 = x
 
     # GEMM 2 + bias + router weight -> [numel, H] by pair, or the output directly when k == 1
-    g2 = cfg.gemm2
     b2_desc = _weight_descriptor(w2, g2.block_n, g2)
     a2_tma = b2_desc is not None and bm <= _TMA_MAX_BOX and _tma_usable(act_out)
     a2_desc = _descriptor(act_out, bm, g2) if a2_tma else None
@@ -696,9 +792,9 @@ def fused_moe_triton(
         act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, g2,
         A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
-        ONE_DOT=False, **common,
+        ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, **common,
     )  # fmt: skip
-    if direct:
+    if direct or fused_sum:
         return out
 
     # top-k sum in slot order
@@ -728,19 +824,23 @@ def _launch_gemm(
     numel: int,
     num_experts: int,
     num_blocks: int,
+    sum_args: tuple[Any, ...] | None,
     **constexprs: Any,
 ) -> None:
     """One grouped GEMM: ``c = epilogue(a @ w[e]^T)`` over the aligned blocks (see the kernel)."""
     n, k_dim = w.shape[1] // (2 if constexprs["GATED"] else 1), w.shape[2]
     lmap, len_, slots, rank = lora_args
     has_lora = constexprs["HAS_LORA"]
+    sum_out, cnt, num_tokens, n_cnt, stride_st, stride_cnt_t, cnt_step = sum_args or (
+        c, route[1], 0, 0, 0, 0, 0,
+    )  # fmt: skip
     _moe_gemm_kernel[(num_blocks * triton.cdiv(n, g.block_n),)](
         a, w, c, a_desc, b_desc, bias if bias is not None else a, *route, u, lb, lmap, len_,
-        n, k_dim, numel, num_experts, num_blocks, slots, rank,
+        sum_out, cnt, n, k_dim, numel, num_experts, num_blocks, slots, rank, num_tokens, n_cnt,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
         *(bias.stride() if bias is not None else (0, 0)),
         *(u.stride() if has_lora else (0, 0, 0, 0)),
-        *(lb.stride() if has_lora else (0, 0, 0, 0, 0)),
+        *(lb.stride() if has_lora else (0, 0, 0, 0, 0)), stride_st, stride_cnt_t, cnt_step,
         A_TMA=a_desc is not None, B_TMA=b_desc is not None, HAS_BIAS=bias is not None,
         EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,

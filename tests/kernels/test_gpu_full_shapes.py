@@ -128,12 +128,15 @@ def test_full_shape_lora_bf16(name, t, layers):
 
 
 @pytest.mark.parametrize("with_lora", [False, True])
-def test_cuda_graph_capture_and_no_host_sync(with_lora, layers):
-    """apply runs with sync debug mode 'error' and replays in a CUDA graph to the same result."""
+@pytest.mark.parametrize("t", [1, 64])
+def test_cuda_graph_capture_and_no_host_sync(t, with_lora, layers):
+    """apply runs with sync debug mode 'error' and replays in a CUDA graph to the same result,
+    replay after replay (T=1 is the decode path whose GEMM 2 sums the top k itself, with
+    counters that every call re-zeroes)."""
     cfg, _w, backend = layers("qwen3-30b-a3b")
-    x, tw, ti = _inputs(cfg, 64, seed=5)
+    x, tw, ti = _inputs(cfg, t, seed=5)
     ctx = (
-        lora_context(_adapters(cfg), (torch.arange(64, device="cuda") % 5 - 1).int())
+        lora_context(_adapters(cfg), (torch.arange(t, device="cuda") % 5 - 1).int())
         if with_lora
         else None
     )
@@ -152,12 +155,13 @@ def test_cuda_graph_capture_and_no_host_sync(with_lora, layers):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = backend.apply(x, tw, ti, ctx)
-    x2, tw2, ti2 = _inputs(cfg, 64, seed=6)
-    x.copy_(x2), tw.copy_(tw2), ti.copy_(ti2)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, backend.apply(x, tw, ti, ctx))
-    assert not torch.equal(out, eager)
+    for seed in (6, 7, 8):
+        x2, tw2, ti2 = _inputs(cfg, t, seed=seed)
+        x.copy_(x2), tw.copy_(tw2), ti.copy_(ti2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, backend.apply(x, tw, ti, ctx)), f"replay with seed {seed}"
+        assert not torch.equal(out, eager)
 
 
 @pytest.mark.parametrize("with_lora", [False, True])

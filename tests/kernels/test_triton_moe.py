@@ -486,3 +486,90 @@ def test_tma_tiles_fall_back_on_unaligned_rows(device):
     cfg = ExpertsConfig(6, 70, 36, 3, "silu")  # fp16 rows of 140 bytes
     err = _run(cfg, 23, dtype, device, tiles=SMALL_TILES_TMA)
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("cfg", "t"),
+    [
+        (ExpertsConfig(64, 72, 40, 8, "silu"), 2),  # H not a multiple of GEMM 2's N tile
+        (ExpertsConfig(64, 64, 48, 6, "relu2", gated=False), 3),
+        (ExpertsConfig(32, 32, 32, 2, "swigluoai", has_bias=True), 4),
+        (ExpertsConfig(64, 48, 32, 4, "silu", apply_router_weight_on_input=True), 1),
+    ],
+)
+@pytest.mark.parametrize("dtype", dtypes_for_device())
+# GEMM 2's TMA box spans the rows after the pair's own, some never written (invalid experts):
+# the interpreter's matmul warns about their garbage, whose results are never stored
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch):
+    """Decode (one pair per block): GEMM 2's last-arriving pair per token and N tile writes the
+    top-k sum; bit-identical to the separate sum kernel, invalid experts included, and every
+    call re-zeroes its counters (the same output twice)."""
+    from moe_policy.experts import triton_moe
+
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    x = make_x(t, cfg.hidden_size, dtype, device)
+    tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, device, seed=t)
+    ti[0, -1] = -1  # one invalid slot
+    if t > 2:
+        ti[2, :] = cfg.num_experts  # a token with no valid expert at all
+
+    def run():
+        return fused_moe_triton(
+            x, conv["w13"], conv["w2"], tw, ti, activation=cfg.activation, gated=cfg.gated,
+            w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
+            apply_router_weight_on_input=cfg.apply_router_weight_on_input, naive=True,
+        )  # fmt: skip
+
+    sums = _count_sum_launches(monkeypatch)
+    fused = run()
+    assert torch.equal(run(), fused)
+    assert sums == []  # GEMM 2 summed; no sum kernel ran
+    monkeypatch.setattr(triton_moe, "FUSED_DECODE_SUM", False)
+    assert torch.equal(run(), fused)
+    assert len(sums) == 1
+    if t > 2:
+        assert bool((fused[2] == 0).all())
+    ref = fused_moe_reference(
+        x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
+        activation=cfg.activation, gated=cfg.gated,
+        w13_bias=None if wts["w13_bias"] is None else wts["w13_bias"].double(),
+        w2_bias=None if wts["w2_bias"] is None else wts["w2_bias"].double(),
+        apply_router_weight_on_input=cfg.apply_router_weight_on_input,
+    )  # fmt: skip
+    assert rel_err(fused, ref) < REL_TOL[dtype]
+
+
+def test_decode_fused_sum_needs_whole_counter_words(device, monkeypatch):
+    """An odd hidden size in 16-bit (rows not a whole number of int32 words) keeps the sum
+    kernel and still matches the reference."""
+    dtype = dtypes_for_device()[0]
+    cfg = ExpertsConfig(32, 33, 32, 2, "silu")
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
+    x = make_x(2, 33, dtype, device)
+    tw, ti = make_routing(2, 32, 2, device)
+    sums = _count_sum_launches(monkeypatch)
+    out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, naive=True)
+    assert len(sums) == 1
+    ref = fused_moe_reference(x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti)
+    assert rel_err(out, ref) < REL_TOL[dtype]
+
+
+def _count_sum_launches(monkeypatch) -> list:
+    """Record each launch of the separate top-k sum kernel (grid per launch)."""
+    from moe_policy.experts import triton_moe
+
+    launches: list = []
+    kernel = triton_moe._moe_sum_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(triton_moe, "_moe_sum_kernel", Recorder())
+    return launches
