@@ -29,8 +29,9 @@ from moe_policy.experts.triton_config import MoEConfig, get_config
 
 
 def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
-    """The shipped config and variants of it by name: without tail tiles ("plain"), and with
-    tail tiles of a quarter and a half of BLOCK_M."""
+    """The shipped config and variants of it by name: without tail tiles ("plain"), with
+    tail tiles of a quarter and a half of BLOCK_M, and with programmatic dependent launches
+    switched ("pdl" on, "no_pdl" off)."""
     base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
                       device)  # fmt: skip
     plain = replace(base, tail_m=0)
@@ -38,6 +39,7 @@ def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
     for tail in (base.block_m // 4, base.block_m // 2):
         if tail >= 16:
             out[f"tail{tail}"] = replace(plain, tail_m=tail)
+    out["no_pdl" if base.pdl else "pdl"] = replace(base, pdl=not base.pdl)
     return out
 
 

@@ -31,6 +31,7 @@ from moe_policy.experts.triton_config import (
     MoEConfig,
     _fit_stages,
     config_file_name,
+    default_pdl,
     default_tail_m,
     heuristic_config,
 )
@@ -230,7 +231,8 @@ def tune_point(shape: MoEShape, t: int, cands: list[MoEConfig]) -> tuple[MoEConf
         c2, r2 = min(ok, key=lambda cr: cr[1]["g2"])
         total = r1["g1"] + r2["g2"] + statistics.median(r["rest"] for _, r in ok)
         if best is None or total < best[0]:
-            best = (total, MoEConfig(bm, c1.gemm1, c2.gemm2, tail_m=default_tail_m(bm)))
+            best = (total, MoEConfig(bm, c1.gemm1, c2.gemm2, tail_m=default_tail_m(bm),
+                                     pdl=default_pdl(t, shape.num_experts, shape.top_k)))  # fmt: skip
     if best is None:
         raise RuntimeError(f"no candidate ran for {shape.name} T={t}")
     heur = res[0][1]

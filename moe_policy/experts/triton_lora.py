@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from moe_policy.experts.align import block_pairs
 from moe_policy.experts.workspace import Alloc, fresh
@@ -173,8 +174,11 @@ def _lora_shrink_kernel(
     BLOCK_K: tl.constexpr,
     K_STEPS: tl.constexpr,  # BLOCK_K steps per program; grid axis 2 = split-K part
     RANK_MASK: tl.constexpr,  # rank < BLOCK_R: padding ranks are not stored
+    PDL: tl.constexpr,  # launched as a programmatic dependent: wait before the first read
 ):
     """u[s, pair] = a[row] @ A[s, slot, expert]^T for the block's rows whose slot is in the chunk."""
+    if PDL:
+        gdc_wait()
     # block -> pairs, expert and slots; exit when no row's slot is in this chunk
     pid_m = tl.program_id(0)
     c0 = tl.program_id(1) * LR_BLOCK
@@ -252,6 +256,7 @@ def lora_shrink(
     a_sorted: bool = False,
     split_k: int = 1,
     alloc: Alloc | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]); returns u [split_k, S, numel, R] fp32.
 
@@ -286,7 +291,7 @@ def lora_shrink(
         u.stride(0), u.stride(1), u.stride(2), u.stride(3),
         A_ROW_DIV=a_row_div, A_SORTED=a_sorted, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
         BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k, K_STEPS=k_steps,
-        RANK_MASK=rank < block_r,
-        num_warps=4 if block_m <= 64 else 8, num_stages=3,
+        RANK_MASK=rank < block_r, PDL=pdl,
+        num_warps=4 if block_m <= 64 else 8, num_stages=3, launch_pdl=pdl,
     )  # fmt: skip
     return u

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from moe_policy.experts.align import block_pairs, moe_align
 from moe_policy.experts.base import (
@@ -369,6 +370,7 @@ def _moe_gemm_kernel(
     TAIL_M: tl.constexpr,  # 0, or: blocks with <= TAIL_M real rows run a TAIL_M-row tile
     SUM_K: tl.constexpr,  # NAIVE GEMM 2 with k > 1: the token's last pair sums (0 = off)
     ZERO_CNT: tl.constexpr,  # GEMM 1 before a SUM_K GEMM 2: counters to zero, padded (0 = off)
+    PDL: tl.constexpr,  # launched as a programmatic dependent: wait before the first read
 ):
     """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block).
 
@@ -378,6 +380,8 @@ def _moe_gemm_kernel(
     pairs sums their rows in slot order (as ``_moe_sum_kernel``) and overwrites the tile,
     counter included. No extra buffer, no state across calls, no launch for the sum."""
     # program -> (block of pairs, N tile), grouped so that GROUP_M blocks share B tiles in L2
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0)
     if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
         if pid == 0:
@@ -497,8 +501,11 @@ def _moe_sum_kernel(
     # constexpr
     TOP_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,  # launched as a programmatic dependent: wait before the first read
 ):
     """out[t, h] = sum_j c[t, j, h] over valid slots, in slot order (fp32)."""
+    if PDL:
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_mask = offs_h < H
@@ -572,6 +579,13 @@ _TMA_MAX_BOX = 256
 @lru_cache(maxsize=16)
 def _has_tma(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _pdl_usable(x: torch.Tensor) -> bool:
+    """Programmatic dependent launch: a Hopper or newer GPU, not Triton's interpreter."""
+    if x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return _has_tma(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 def _tma_usable(t: torch.Tensor) -> bool:
@@ -715,6 +729,8 @@ def fused_moe_triton(
             routing.block_rows,
         )
     route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded, block_rows)
+    # programmatic dependent launches (config.pdl): every kernel after the call's first
+    pdl = cfg.pdl and _pdl_usable(x)
 
     # decode without LoRA: GEMM 2 sums the top k itself, with arrival counters in the output's
     # first bytes of each (token, N tile). With LoRA the output holds the w2 shrink output
@@ -745,7 +761,12 @@ def fused_moe_triton(
         )  # fmt: skip
         split = max(1, min(8, SHRINK_MIN_PROGRAMS // max(1, num_blocks)))
         u13 = lora_shrink(
-            x, ad.w13_a, a_row_div=k, split_k=split, **{**shrink_args, "alloc": work13.take}
+            x,
+            ad.w13_a,
+            a_row_div=k,
+            split_k=split,
+            pdl=pdl and not naive,
+            **{**shrink_args, "alloc": work13.take},
         )  # type: ignore[arg-type]
         lb13 = ad.w13_b
     else:
@@ -772,13 +793,19 @@ def fused_moe_triton(
         A_ROW_DIV=k, A_SORTED=False, C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
         ONE_DOT=one_dot1, SUM_K=0,
-        ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0, **common,
+        ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0,
+        PDL=pdl and (not naive or has_lora), **common,
     )  # fmt: skip
 
     # LoRA: shrink of the activation for w2
     if lora is not None:
         u2 = lora_shrink(
-            act_out, lora.adapters.w2_a.unsqueeze(0), a_sorted=True, split_k=split, **shrink_args
+            act_out,
+            lora.adapters.w2_a.unsqueeze(0),
+            a_sorted=True,
+            split_k=split,
+            pdl=pdl,
+            **shrink_args,
         )  # type: ignore[arg-type]
         lb2 = lora.adapters.w2_b.unsqueeze(0)
     else:
@@ -792,7 +819,7 @@ def fused_moe_triton(
         act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, g2,
         A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
-        ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, **common,
+        ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, PDL=pdl, **common,
     )  # fmt: skip
     if direct or fused_sum:
         return out
@@ -803,7 +830,7 @@ def fused_moe_triton(
     _moe_sum_kernel[(t, triton.cdiv(h, block_h))](
         c3, topk_ids, out, h, e,
         c3.stride(0), c3.stride(1), c3.stride(2), out.stride(0), out.stride(1),
-        TOP_K=k, BLOCK_H=block_h, num_warps=4,
+        TOP_K=k, BLOCK_H=block_h, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
     return out
 
@@ -844,7 +871,8 @@ def _launch_gemm(
         A_TMA=a_desc is not None, B_TMA=b_desc is not None, HAS_BIAS=bias is not None,
         EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
-        num_warps=g.num_warps, num_stages=g.num_stages, **constexprs,
+        num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=constexprs["PDL"],
+        **constexprs,
     )  # fmt: skip
 
 

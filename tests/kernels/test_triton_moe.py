@@ -459,6 +459,21 @@ def test_config_tail_round_trips_and_validates():
             dataclasses.replace(TAIL_TILES, tail_m=bad)
 
 
+def test_config_pdl_round_trips_and_validates(device):
+    """pdl survives the JSON form, is left out when off and refuses a non-boolean; calls with
+    it match the reference (dependent launches on a Hopper GPU, none under the interpreter)."""
+    on = dataclasses.replace(TAIL_TILES, pdl=True)
+    assert on.to_dict()["pdl"] is True and "pdl" not in TAIL_TILES.to_dict()
+    assert tc.MoEConfig.from_dict(on.to_dict()) == on
+    with pytest.raises(ValueError, match="pdl must be true or false, got 'yes'"):
+        tc.MoEConfig.from_dict({**TAIL_TILES.to_dict(), "pdl": "yes"})
+    dtype = dtypes_for_device()[-1]
+    for cfg, t, naive in ((ExpertsConfig(8, 72, 40, 2, "silu"), 150, None),
+                          (ExpertsConfig(64, 64, 48, 4, "relu2", gated=False), 3, True)):  # fmt: skip
+        err = _run(cfg, t, dtype, device, tiles=on, naive=naive)
+        assert err < REL_TOL[dtype], f"{cfg.activation} T={t}: relative error {err:.2e}"
+
+
 def test_experts_package_import_is_light():
     """Importing moe_policy.experts pulls in neither torch nor triton."""
     code = "import sys, moe_policy.experts; print('torch' in sys.modules, 'triton' in sys.modules)"
