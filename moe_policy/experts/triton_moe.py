@@ -74,6 +74,8 @@ _WEIGHT_NONE, _WEIGHT_INPUT, _WEIGHT_OUTPUT = 0, 1, 2
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Below this many M blocks the LoRA shrink splits K (up to 8 parts) to fill the GPU.
 SHRINK_MIN_PROGRAMS = 128
+#: Narrow tiles for a last N tile that is at most half full (N not a multiple of BLOCK_N).
+N_TAIL_TILES = True
 #: Decode (one pair per block, k > 1): GEMM 2 writes the top-k sum itself (its last pair per
 #: token and N tile sums), instead of a separate sum kernel. False restores the sum kernel.
 FUSED_DECODE_SUM = True
@@ -111,7 +113,7 @@ def _moe_tile(
     pairs,  # [BLOCK_M] pair of each row, numel = padding
     expert,
     row0,  # first row of the block in the unpadded expert-sorted order
-    pid_n,
+    n0,  # first output column of the tile
     # pointers and descriptors: as in _moe_gemm_kernel
     a_ptr,
     b_ptr,
@@ -182,10 +184,10 @@ def _moe_tile(
         slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
         if GATED and ONE_DOT:
             cols_lb = tl.arange(0, 2 * BLOCK_N)
-            n_lb = (pid_n * BLOCK_N + cols_lb // 2) % N
+            n_lb = (n0 + cols_lb // 2) % N
             slice_lb = cols_lb % 2
         else:
-            n_lb = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+            n_lb = (n0 + tl.arange(0, BLOCK_N)) % N
             slice_lb = n_lb * 0
 
     # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
@@ -193,7 +195,7 @@ def _moe_tile(
     # the same columns. Pointer tiles wrap N (stores are masked); TMA boxes may run into the
     # next expert's rows or past the end (zero-filled), both masked on store too.
     offs_k = tl.arange(0, BLOCK_K)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N
     B_COLS: tl.constexpr = 2 * BLOCK_N if (GATED and ONE_DOT) else BLOCK_N
     if A_SORTED:
@@ -203,13 +205,13 @@ def _moe_tile(
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_base = b_ptr + expert.to(tl.int64) * stride_be
     if GATED and ONE_DOT:
-        rows_b = (pid_n * B_COLS + tl.arange(0, B_COLS)) % (2 * N)
+        rows_b = (2 * n0 + tl.arange(0, B_COLS)) % (2 * N)
     elif GATED:
         rows_b = 2 * offs_bn  # gate rows; up rows are the next ones
     else:
         rows_b = offs_bn
     b_ptrs = b_base + rows_b[None, :] * stride_bn + offs_k[:, None] * stride_bk
-    b_row0 = expert * (2 * N if GATED else N) + pid_n * B_COLS  # TMA: row in the [E*N_B, K] view
+    b_row0 = expert * (2 * N if GATED else N) + n0 * (B_COLS // BLOCK_N)  # TMA: row of [E*N_B, K]
 
     # main loop, fp32 accumulation; the two-dot gated form adds a second dot for the up rows
     acc_b = tl.zeros((BLOCK_M, B_COLS), dtype=tl.float32)
@@ -371,8 +373,10 @@ def _moe_gemm_kernel(
     SUM_K: tl.constexpr,  # NAIVE GEMM 2 with k > 1: the token's last pair sums (0 = off)
     ZERO_CNT: tl.constexpr,  # GEMM 1 before a SUM_K GEMM 2: counters to zero, padded (0 = off)
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait before the first read
+    TAIL_N: tl.constexpr,  # 0, or: the last N tile (at most half full) runs TAIL_N wide
 ):
-    """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block).
+    """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block,
+    a TAIL_N-wide one, with pointer loads, for the last N tile of a full block).
 
     Fused decode sum (NAIVE, one pair per block): GEMM 1's first program zeroes one int32
     arrival counter per (token, GEMM-2 N tile), kept in the first bytes of that output tile; in
@@ -414,7 +418,7 @@ def _moe_gemm_kernel(
             # real pairs come first in a block, so the short tile takes the block's first rows
             pairs_t = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, TAIL_M))
             _moe_tile(
-                pairs_t, expert, row0, pid_n, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
+                pairs_t, expert, row0, pid_n * BLOCK_N, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
                 topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
                 N, K, numel, num_slots, lora_rank,
                 stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
@@ -425,8 +429,28 @@ def _moe_gemm_kernel(
                 TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK,
             )  # fmt: skip
             return
+    if TAIL_N > 0:  # noqa: SIM102 (constexpr test: the narrow tile is compiled only when on)
+        if pid_n == num_pid_n - 1:
+            # the last N tile holds at most half a tile of columns: a TAIL_N-wide tile
+            _moe_tile(
+                pairs, expert, row0, pid_n * BLOCK_N, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
+                topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
+                N, K, numel, num_slots, lora_rank,
+                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
+                stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                A_ROW_DIV, A_SORTED, A_TMA, False, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
+                LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
+                BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK,
+            )  # fmt: skip
+            if SUM_K > 0:
+                _sum_when_last(
+                    pid_m, pid_n, c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts,
+                    stride_cm, stride_cn, stride_st, stride_cnt_t, cnt_step, SUM_K, BLOCK_N,
+                )  # fmt: skip
+            return
     _moe_tile(
-        pairs, expert, row0, pid_n, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
+        pairs, expert, row0, pid_n * BLOCK_N, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
         topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
         N, K, numel, num_slots, lora_rank,
         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
@@ -858,6 +882,8 @@ def _launch_gemm(
     n, k_dim = w.shape[1] // (2 if constexprs["GATED"] else 1), w.shape[2]
     lmap, len_, slots, rank = lora_args
     has_lora = constexprs["HAS_LORA"]
+    rem = n % g.block_n
+    tail_n = triton.next_power_of_2(rem) if N_TAIL_TILES and 0 < rem <= g.block_n // 2 else 0
     sum_out, cnt, num_tokens, n_cnt, stride_st, stride_cnt_t, cnt_step = sum_args or (
         c, route[1], 0, 0, 0, 0, 0,
     )  # fmt: skip
@@ -871,6 +897,7 @@ def _launch_gemm(
         A_TMA=a_desc is not None, B_TMA=b_desc is not None, HAS_BIAS=bias is not None,
         EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
+        TAIL_N=max(16, tail_n) if tail_n and tail_n < g.block_n else 0,
         num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=constexprs["PDL"],
         **constexprs,
     )  # fmt: skip

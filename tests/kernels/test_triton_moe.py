@@ -588,3 +588,72 @@ def _count_sum_launches(monkeypatch) -> list:
 
     monkeypatch.setattr(triton_moe, "_moe_sum_kernel", Recorder())
     return launches
+
+
+#: N tiles of 64 columns over N = 64*k + 24 (GEMM 1, I = 88) and + 8 (GEMM 2, H = 200): the last
+#: tile is at most half full and runs 32 and 16 wide.
+N_TAIL_TILES = tc.MoEConfig(
+    32, tc.GemmConfig(64, 32, 2, 4, 2, tma=True), tc.GemmConfig(64, 32, 2, 4, 2, tma=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("act", "gated", "tiles"),
+    [
+        ("silu", True, N_TAIL_TILES),  # one-dot gated through TMA; the tail tile by pointers
+        ("gelu", True, dataclasses.replace(N_TAIL_TILES, gemm1=tc.GemmConfig(64, 32, 2, 4, 2))),
+        ("relu2", False, N_TAIL_TILES),
+    ],
+    ids=["one-dot-tma", "two-dot", "nongated"],
+)
+def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypatch):
+    """A last N tile at most half full runs a narrow tile; results match the reference and
+    the full-width tile, with bias and LoRA too."""
+    from moe_cases import lora_mapping, make_lora
+
+    from moe_policy.experts import triton_moe
+    from moe_policy.experts.lora import MoELoRAContext
+
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(8, 200, 88, 2, act, gated=gated, has_bias=True)
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    x = make_x(70, 200, dtype, device)
+    tw, ti = make_routing(70, 8, 2, device, seed=4)
+    ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
+    ctx = MoELoRAContext(ad, lora_mapping(70, "some_none", 2, device))
+    tails: list[int] = []
+    kernel = triton_moe._moe_gemm_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                tails.append(kwargs["TAIL_N"])
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(triton_moe, "_moe_gemm_kernel", Recorder())
+
+    def run(lora=None):
+        return fused_moe_triton(
+            x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
+            w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"], config=tiles, lora=lora,
+        )  # fmt: skip
+
+    narrow, narrow_lora = run(), run(ctx)
+    assert tails == [32, 16, 32, 16]
+    monkeypatch.setattr(triton_moe, "N_TAIL_TILES", False)
+    wide, wide_lora = run(), run(ctx)
+    assert tails[4:] == [0, 0, 0, 0]
+    tol = 1e-6 if not ON_GPU else 1e-3
+    assert rel_err(narrow, wide.double()) < tol
+    assert rel_err(narrow_lora, wide_lora.double()) < tol
+    ref = fused_moe_reference(
+        x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
+        activation=act, gated=gated, w13_bias=wts["w13_bias"].double(),
+        w2_bias=wts["w2_bias"].double(),
+    )  # fmt: skip
+    assert rel_err(narrow, ref) < REL_TOL[dtype]
