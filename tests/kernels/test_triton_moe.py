@@ -42,6 +42,16 @@ SMALL_TILES_TMA = tc.MoEConfig(
 )
 
 
+def _reference(cfg: ExpertsConfig, wts, x, tw, ti):
+    """The torch reference in float64 on the common-layout weights."""
+    d = lambda w: None if w is None else w.double()  # noqa: E731
+    return fused_moe_reference(
+        x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
+        activation=cfg.activation, gated=cfg.gated, w13_bias=d(wts["w13_bias"]),
+        w2_bias=d(wts["w2_bias"]), apply_router_weight_on_input=cfg.apply_router_weight_on_input,
+    )  # fmt: skip
+
+
 def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=None,
          naive=None, seed=0):  # fmt: skip
     wts = make_weights(cfg, dtype, device, seed=seed)
@@ -55,13 +65,7 @@ def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=
         w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
         apply_router_weight_on_input=cfg.apply_router_weight_on_input, config=tiles, naive=naive,
     )  # fmt: skip
-    ref = fused_moe_reference(
-        x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
-        activation=cfg.activation, gated=cfg.gated,
-        w13_bias=None if wts["w13_bias"] is None else wts["w13_bias"].double(),
-        w2_bias=None if wts["w2_bias"] is None else wts["w2_bias"].double(),
-        apply_router_weight_on_input=cfg.apply_router_weight_on_input,
-    )  # fmt: skip
+    ref = _reference(cfg, wts, x, tw, ti)
     assert out.shape == x.shape and out.dtype == dtype
     return rel_err(out, ref)
 
@@ -548,13 +552,7 @@ def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch):
     assert len(sums) == 1
     if t > 2:
         assert bool((fused[2] == 0).all())
-    ref = fused_moe_reference(
-        x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
-        activation=cfg.activation, gated=cfg.gated,
-        w13_bias=None if wts["w13_bias"] is None else wts["w13_bias"].double(),
-        w2_bias=None if wts["w2_bias"] is None else wts["w2_bias"].double(),
-        apply_router_weight_on_input=cfg.apply_router_weight_on_input,
-    )  # fmt: skip
+    ref = _reference(cfg, wts, x, tw, ti)
     assert rel_err(fused, ref) < REL_TOL[dtype]
 
 
@@ -651,9 +649,4 @@ def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypa
     tol = 1e-6 if not ON_GPU else 1e-3
     assert rel_err(narrow, wide.double()) < tol
     assert rel_err(narrow_lora, wide_lora.double()) < tol
-    ref = fused_moe_reference(
-        x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
-        activation=act, gated=gated, w13_bias=wts["w13_bias"].double(),
-        w2_bias=wts["w2_bias"].double(),
-    )  # fmt: skip
-    assert rel_err(narrow, ref) < REL_TOL[dtype]
+    assert rel_err(narrow, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
