@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from moe_policy.experts.align import block_pairs
 from moe_policy.experts.workspace import Alloc, fresh
@@ -175,10 +175,13 @@ def _lora_shrink_kernel(
     K_STEPS: tl.constexpr,  # BLOCK_K steps per program; grid axis 2 = split-K part
     RANK_MASK: tl.constexpr,  # rank < BLOCK_R: padding ranks are not stored
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait before the first read
+    TRIGGER: tl.constexpr,  # then let the next kernel (a GEMM waiting late) launch at once
 ):
     """u[s, pair] = a[row] @ A[s, slot, expert]^T for the block's rows whose slot is in the chunk."""
     if PDL:
         gdc_wait()
+    if TRIGGER:
+        gdc_launch_dependents()
     # block -> pairs, expert and slots; exit when no row's slot is in this chunk
     pid_m = tl.program_id(0)
     c0 = tl.program_id(1) * LR_BLOCK
@@ -257,6 +260,7 @@ def lora_shrink(
     split_k: int = 1,
     alloc: Alloc | None = None,
     pdl: bool = False,
+    trigger: bool = False,
 ) -> torch.Tensor:
     """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]); returns u [split_k, S, numel, R] fp32.
 
@@ -291,7 +295,7 @@ def lora_shrink(
         u.stride(0), u.stride(1), u.stride(2), u.stride(3),
         A_ROW_DIV=a_row_div, A_SORTED=a_sorted, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
         BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k, K_STEPS=k_steps,
-        RANK_MASK=rank < block_r, PDL=pdl,
+        RANK_MASK=rank < block_r, PDL=pdl, TRIGGER=trigger,
         num_warps=4 if block_m <= 64 else 8, num_stages=3, launch_pdl=pdl,
     )  # fmt: skip
     return u
