@@ -1,0 +1,133 @@
+"""The launch plan of dependent launches (PDL), checked on any machine.
+
+Correctness with programmatic dependent launch rests on one invariant: in a call, every kernel
+after the first is launched as a dependent and waits on its predecessor before it reads what
+that predecessor (or anything before it) wrote; a GEMM with LoRA may wait late (before the
+expand) only when its predecessor is a LoRA shrink that triggers it after its own wait. The
+kernels run here with the PDL switches recorded and then cleared (Triton's interpreter has no
+grid-dependency ops); the GPU tests run them for real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from moe_cases import (  # noqa: E402
+    dtypes_for_device,
+    lora_context,
+    lora_mapping,
+    make_lora,
+    make_routing,
+    make_weights,
+    make_x,
+)
+
+from moe_policy.experts import triton_config as tc  # noqa: E402
+from moe_policy.experts import triton_lora, triton_moe  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig  # noqa: E402
+from moe_policy.experts.triton_moe import TritonExperts, fused_moe_triton  # noqa: E402
+
+_SWITCHES = {"PDL": False, "PDL_LATE": False, "TRIGGER": False, "launch_pdl": False}
+
+
+def _record(monkeypatch) -> list[tuple[str, dict]]:
+    """Record (kernel, PDL switches) of each launch; run the kernel with the switches off."""
+    plan: list[tuple[str, dict]] = []
+
+    def recorder(name, module, attr):
+        kernel = getattr(module, attr)
+
+        class Recorder:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    plan.append((name, {k: kwargs.get(k, False) for k in _SWITCHES}))
+                    plain = {**kwargs, **{k: v for k, v in _SWITCHES.items() if k in kwargs}}
+                    return kernel[grid](*args, **plain)
+
+                return launch
+
+        monkeypatch.setattr(module, attr, Recorder())
+
+    recorder("shrink", triton_lora, "_lora_shrink_kernel")
+    recorder("gemm", triton_moe, "_moe_gemm_kernel")
+    recorder("sum", triton_moe, "_moe_sum_kernel")
+    monkeypatch.setattr(triton_moe, "_pdl_usable", lambda x: True)
+    return plan
+
+
+TILES = tc.MoEConfig(16, tc.GemmConfig(32, 32, 1, 4, 2), tc.GemmConfig(32, 32, 1, 4, 2))
+
+
+def _call(t: int, *, lora: bool, pdl: bool, naive: bool):
+    cfg = ExpertsConfig(64, 32, 32, 4, "silu")
+    dtype = dtypes_for_device()[-1]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
+    x = make_x(t, 32, dtype, device)
+    tw, ti = make_routing(t, 64, 4, device, seed=1)
+    ctx = None
+    if lora:
+        ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
+        ctx = lora_context(ad, lora_mapping(t, "round_robin", 2, device))
+    return fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, lora=ctx, naive=naive,
+                            config=dataclasses.replace(TILES, pdl=pdl))  # fmt: skip
+
+
+def _names(plan):
+    return [name for name, _ in plan]
+
+
+def test_decode_lora_every_kernel_after_the_first_waits(monkeypatch):
+    """Decode with LoRA (LORA_PDL, whatever the config says): the x shrink runs first as a
+    plain launch that triggers GEMM 1; GEMM 1 and GEMM 2 wait late, the w2 shrink and the sum
+    wait at once, and each shrink triggers its GEMM after its own wait."""
+    plan = _record(monkeypatch)
+    _call(3, lora=True, pdl=False, naive=True)
+    assert _names(plan) == ["shrink", "gemm", "shrink", "gemm", "sum"]
+    (_, s13), (_, g1), (_, s2), (_, g2), (_, sm) = plan
+    assert not s13["launch_pdl"] and not s13["PDL"] and s13["TRIGGER"]
+    for gemm in (g1, g2):
+        assert gemm["launch_pdl"] and gemm["PDL"] and gemm["PDL_LATE"]
+    assert s2["launch_pdl"] and s2["PDL"] and s2["TRIGGER"]
+    assert sm["launch_pdl"] and sm["PDL"]
+
+
+def test_aligned_lora_waits_on_the_alignment(monkeypatch):
+    """With the alignment in front, the x shrink is a dependent too and waits at once."""
+    plan = _record(monkeypatch)
+    _call(40, lora=True, pdl=False, naive=False)
+    assert _names(plan) == ["shrink", "gemm", "shrink", "gemm", "sum"]
+    assert plan[0][1]["launch_pdl"] and plan[0][1]["PDL"] and plan[0][1]["TRIGGER"]
+    assert all(sw["launch_pdl"] and sw["PDL"] for _, sw in plan)
+
+
+def test_without_lora_pdl_follows_the_config(monkeypatch):
+    """No LoRA: no dependent launch unless the config asks; with pdl on, decode GEMM 1 is the
+    call's first kernel (plain) and GEMM 2, which sums the top k itself, waits at once."""
+    plan = _record(monkeypatch)
+    _call(3, lora=False, pdl=False, naive=True)
+    assert _names(plan) == ["gemm", "gemm"]  # GEMM 2 writes the top-k sum (decode)
+    assert not any(sw["launch_pdl"] or sw["PDL"] for _, sw in plan)
+    plan.clear()
+    _call(3, lora=False, pdl=True, naive=True)
+    (_, g1), (_, g2) = plan
+    assert not g1["launch_pdl"] and not g1["PDL"]
+    assert g2["launch_pdl"] and g2["PDL"] and not g2["PDL_LATE"]
+    plan.clear()
+    _call(40, lora=False, pdl=True, naive=False)
+    assert _names(plan) == ["gemm", "gemm", "sum"]
+    assert all(sw["launch_pdl"] and sw["PDL"] and not sw["PDL_LATE"] for _, sw in plan)
+
+
+def test_lora_pdl_switch_off_leaves_it_to_the_config(monkeypatch):
+    """triton_moe.LORA_PDL = False: a LoRA call without config.pdl launches nothing dependent."""
+    plan = _record(monkeypatch)
+    monkeypatch.setattr(triton_moe, "LORA_PDL", False)
+    _call(3, lora=True, pdl=False, naive=True)
+    assert not any(sw["launch_pdl"] or sw["PDL"] or sw["TRIGGER"] for _, sw in plan)
