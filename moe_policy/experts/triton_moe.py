@@ -27,6 +27,12 @@ Operand loads: pointers, or on Hopper and newer TMA descriptors when the tile co
 may run into the next expert's rows; those columns are masked on store) and, in GEMM 2, the
 sorted activation (rows past the block's expert are computed and not stored).
 
+Dependent launches (Hopper+; ``MoEConfig.pdl``, and every LoRA call via ``LORA_PDL``): every
+kernel after the call's first starts while its predecessor drains and waits on it
+(``gdc_wait``) before it reads; a LoRA shrink waits, then lets the next GEMM launch, and that
+GEMM streams its weights and waits only before the LoRA expand. Every program of a kernel
+waits, so each kernel ends after its predecessor and the chain stays ordered.
+
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
 captured in a CUDA graph. Workspace: ``[T*k, I]`` + ``[T*k, H]`` in the compute dtype (the
