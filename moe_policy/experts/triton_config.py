@@ -127,9 +127,9 @@ def default_tail_m(block_m: int) -> int:
 
 
 def default_pdl(num_tokens: int, num_experts: int, top_k: int) -> bool:
-    """Dependent launches for decode batches (one pair per block, no alignment): the call is
-    3-5 kernels of a few microseconds each (whole-layer H200 comparison, 2026-11-29: T=1 with
-    LoRA 2-4% faster on Qwen3-30B-A3B and Nemotron, base and larger T within 1%)."""
+    """Dependent launches for decode batches (one pair per block, no alignment), whose kernels
+    last a few microseconds (whole-layer H200 comparison, 2026-11-29: T=1 0.2-0.9% faster,
+    larger T within 1%). LoRA calls use them at every size anyway (``triton_moe.LORA_PDL``)."""
     return num_tokens * top_k * 4 <= num_experts
 
 

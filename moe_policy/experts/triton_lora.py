@@ -265,8 +265,11 @@ def lora_shrink(
     """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]); returns u [split_k, S, numel, R] fp32.
 
     ``a`` rows are tokens (``pair // a_row_div``) or, with ``a_sorted``, pairs in the unpadded
-    expert-sorted order of the alignment (GEMM 1's output). With ``split_k > 1`` each part holds a partial sum over a slice of K (the expand adds them
-    in order); used when there are too few blocks to fill the GPU (decode)."""
+    expert-sorted order of the alignment (GEMM 1's output). With ``split_k > 1`` each part
+    holds a partial sum over a slice of K (the expand adds them in order); used when there are
+    too few blocks to fill the GPU (decode). ``pdl``: launched as a dependent that waits on its
+    predecessor first; ``trigger``: then lets the next kernel launch at once (a GEMM that waits
+    for this output only before its expand)."""
     if lora_a.dim() != 5:
         raise ValueError(f"lora_a must be [S, L, E, R, K], got shape {tuple(lora_a.shape)}")
     s, slots, num_experts, rank, k_dim = lora_a.shape
