@@ -311,6 +311,9 @@ def test_tail_tiles_equal_full_tiles(device):
     assert rel_err(outs[0], outs[1].double()) < (1e-6 if not ON_GPU else 1e-3)
 
 
+# rows of never-written activations (invalid experts) enter GEMM 2's TMA boxes; the
+# interpreter's matmul may warn about their garbage, whose results are never stored
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
 def test_triton_invalid_expert_contributes_nothing(device):
     """A pair routed to expert -1 adds nothing, like the reference."""
     dtype = dtypes_for_device()[-1]
