@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from moe_policy.experts.base import ExpertsConfig
@@ -138,3 +140,25 @@ FULL_SHAPES = {
     "nemotron3_nano": (128, 6, 2688, 1856, "relu2", False),
     "mixtral_8x7b": (8, 2, 4096, 14336, "silu", True),
 }
+
+
+def record_launches(
+    monkeypatch, module, attr: str, *, log: list | None = None,
+    rewrite: Callable[[dict], dict] | None = None,
+) -> list[tuple[str, dict]]:  # fmt: skip
+    """Replace the Triton kernel ``module.attr`` by a recorder for this test: each launch
+    appends ``(attr, kwargs)`` to ``log`` (a new list when None, returned) and runs the kernel,
+    with its keyword arguments passed through ``rewrite`` when given."""
+    launches: list[tuple[str, dict]] = [] if log is None else log
+    kernel = getattr(module, attr)
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((attr, dict(kwargs)))
+                return kernel[grid](*args, **(rewrite(kwargs) if rewrite else kwargs))
+
+            return launch
+
+    monkeypatch.setattr(module, attr, Recorder())
+    return launches

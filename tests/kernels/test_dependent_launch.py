@@ -25,6 +25,7 @@ from moe_cases import (  # noqa: E402
     make_routing,
     make_weights,
     make_x,
+    record_launches,
 )
 
 from moe_policy.experts import triton_config as tc  # noqa: E402
@@ -35,28 +36,27 @@ from moe_policy.experts.triton_moe import TritonExperts, fused_moe_triton  # noq
 _SWITCHES = {"PDL": False, "PDL_LATE": False, "TRIGGER": False, "launch_pdl": False}
 
 
+_NAMES = {"_lora_shrink_kernel": "shrink", "_moe_gemm_kernel": "gemm", "_moe_sum_kernel": "sum"}
+
+
 def _record(monkeypatch) -> list[tuple[str, dict]]:
-    """Record (kernel, PDL switches) of each launch; run the kernel with the switches off."""
-    plan: list[tuple[str, dict]] = []
+    """Record every launch of the call's kernels; run them with the PDL switches off."""
+    log: list[tuple[str, dict]] = []
 
-    def recorder(name, module, attr):
-        kernel = getattr(module, attr)
+    def plain(kwargs: dict) -> dict:
+        return {**kwargs, **{k: v for k, v in _SWITCHES.items() if k in kwargs}}
 
-        class Recorder:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    plan.append((name, {k: kwargs.get(k, False) for k in _SWITCHES}))
-                    plain = {**kwargs, **{k: v for k, v in _SWITCHES.items() if k in kwargs}}
-                    return kernel[grid](*args, **plain)
-
-                return launch
-
-        monkeypatch.setattr(module, attr, Recorder())
-
-    recorder("shrink", triton_lora, "_lora_shrink_kernel")
-    recorder("gemm", triton_moe, "_moe_gemm_kernel")
-    recorder("sum", triton_moe, "_moe_sum_kernel")
+    for module, attr in ((triton_lora, "_lora_shrink_kernel"), (triton_moe, "_moe_gemm_kernel"),
+                         (triton_moe, "_moe_sum_kernel")):  # fmt: skip
+        record_launches(monkeypatch, module, attr, log=log, rewrite=plain)
     monkeypatch.setattr(triton_moe, "_pdl_usable", lambda x: True)
+    return log
+
+
+def _plan(log: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The launches as (kernel, PDL switches as launched), emptying the log."""
+    plan = [(_NAMES[attr], {k: kw.get(k, False) for k in _SWITCHES}) for attr, kw in log]
+    log.clear()
     return plan
 
 
@@ -87,8 +87,9 @@ def test_decode_lora_every_kernel_after_the_first_waits(monkeypatch):
     """Decode with LoRA (LORA_PDL, whatever the config says): the x shrink runs first as a
     plain launch that triggers GEMM 1; GEMM 1 and GEMM 2 wait late, the w2 shrink and the sum
     wait at once, and each shrink triggers its GEMM after its own wait."""
-    plan = _record(monkeypatch)
+    log = _record(monkeypatch)
     _call(3, lora=True, pdl=False, naive=True)
+    plan = _plan(log)
     assert _names(plan) == ["shrink", "gemm", "shrink", "gemm", "sum"]
     (_, s13), (_, g1), (_, s2), (_, g2), (_, sm) = plan
     assert not s13["launch_pdl"] and not s13["PDL"] and s13["TRIGGER"]
@@ -100,8 +101,9 @@ def test_decode_lora_every_kernel_after_the_first_waits(monkeypatch):
 
 def test_aligned_lora_waits_on_the_alignment(monkeypatch):
     """With the alignment in front, the x shrink is a dependent too and waits at once."""
-    plan = _record(monkeypatch)
+    log = _record(monkeypatch)
     _call(40, lora=True, pdl=False, naive=False)
+    plan = _plan(log)
     assert _names(plan) == ["shrink", "gemm", "shrink", "gemm", "sum"]
     assert plan[0][1]["launch_pdl"] and plan[0][1]["PDL"] and plan[0][1]["TRIGGER"]
     assert all(sw["launch_pdl"] and sw["PDL"] for _, sw in plan)
@@ -110,24 +112,25 @@ def test_aligned_lora_waits_on_the_alignment(monkeypatch):
 def test_without_lora_pdl_follows_the_config(monkeypatch):
     """No LoRA: no dependent launch unless the config asks; with pdl on, decode GEMM 1 is the
     call's first kernel (plain) and GEMM 2, which sums the top k itself, waits at once."""
-    plan = _record(monkeypatch)
+    log = _record(monkeypatch)
     _call(3, lora=False, pdl=False, naive=True)
+    plan = _plan(log)
     assert _names(plan) == ["gemm", "gemm"]  # GEMM 2 writes the top-k sum (decode)
     assert not any(sw["launch_pdl"] or sw["PDL"] for _, sw in plan)
-    plan.clear()
     _call(3, lora=False, pdl=True, naive=True)
-    (_, g1), (_, g2) = plan
+    (_, g1), (_, g2) = _plan(log)
     assert not g1["launch_pdl"] and not g1["PDL"]
     assert g2["launch_pdl"] and g2["PDL"] and not g2["PDL_LATE"]
-    plan.clear()
     _call(40, lora=False, pdl=True, naive=False)
+    plan = _plan(log)
     assert _names(plan) == ["gemm", "gemm", "sum"]
     assert all(sw["launch_pdl"] and sw["PDL"] and not sw["PDL_LATE"] for _, sw in plan)
 
 
 def test_lora_pdl_switch_off_leaves_it_to_the_config(monkeypatch):
     """triton_moe.LORA_PDL = False: a LoRA call without config.pdl launches nothing dependent."""
-    plan = _record(monkeypatch)
+    log = _record(monkeypatch)
     monkeypatch.setattr(triton_moe, "LORA_PDL", False)
     _call(3, lora=True, pdl=False, naive=True)
+    plan = _plan(log)
     assert not any(sw["launch_pdl"] or sw["PDL"] or sw["TRIGGER"] for _, sw in plan)

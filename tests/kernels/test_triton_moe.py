@@ -15,7 +15,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import ON_GPU, dtypes_for_device, make_routing, make_weights, make_x, rel_err  # noqa: E402
+from moe_cases import (  # noqa: E402
+    ON_GPU,
+    dtypes_for_device,
+    make_routing,
+    make_weights,
+    make_x,
+    record_launches,
+    rel_err,
+)
 
 from moe_policy.experts import triton_config as tc  # noqa: E402
 from moe_policy.experts.align import FUSED_MAX, moe_align  # noqa: E402
@@ -576,19 +584,10 @@ def test_decode_fused_sum_needs_whole_counter_words(device, monkeypatch):
 
 
 def _count_sum_launches(monkeypatch) -> list:
-    """Record each launch of the separate top-k sum kernel (grid per launch)."""
+    """Record each launch of the separate top-k sum kernel."""
     from moe_policy.experts import triton_moe
 
-    launches: list = []
-    kernel = triton_moe._moe_sum_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(triton_moe, "_moe_sum_kernel", Recorder())
-    return launches
+    return record_launches(monkeypatch, triton_moe, "_moe_sum_kernel")
 
 
 #: N tiles of 64 columns over N = 64*k + 24 (GEMM 1, I = 88) and + 8 (GEMM 2, H = 200): the last
@@ -625,18 +624,7 @@ def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypa
     tw, ti = make_routing(70, 8, 2, device, seed=4)
     ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
     ctx = MoELoRAContext(ad, lora_mapping(70, "some_none", 2, device))
-    tails: list[int] = []
-    kernel = triton_moe._moe_gemm_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                tails.append(kwargs["TAIL_N"])
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(triton_moe, "_moe_gemm_kernel", Recorder())
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
 
     def run(lora=None):
         return fused_moe_triton(
@@ -645,10 +633,10 @@ def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypa
         )  # fmt: skip
 
     narrow, narrow_lora = run(), run(ctx)
-    assert tails == [32, 16, 32, 16]
+    assert [kw["TAIL_N"] for _, kw in gemms] == [32, 16, 32, 16]
     monkeypatch.setattr(triton_moe, "N_TAIL_TILES", False)
     wide, wide_lora = run(), run(ctx)
-    assert tails[4:] == [0, 0, 0, 0]
+    assert [kw["TAIL_N"] for _, kw in gemms[4:]] == [0, 0, 0, 0]
     tol = 1e-6 if not ON_GPU else 1e-3
     assert rel_err(narrow, wide.double()) < tol
     assert rel_err(narrow_lora, wide_lora.double()) < tol
