@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: Arguments never specialized (runtime sizes the kernels mark do_not_specialize, or may be odd).
 _NOT_DIVISIBLE = {"numel", "num_blocks", "num_slots", "lora_rank", "num_experts", "num_tokens",
-                  "n_cnt"}  # fmt: skip
+                  "n_cnt", "rank"}  # fmt: skip
 #: Pointer arguments by element type (others are the layer dtype).
 _INT_POINTERS = {"topk_ids_ptr", "sorted_ids_ptr", "expert_ids_ptr", "num_padded_ptr",
                  "block_rows_ptr", "lora_map_ptr", "lora_enabled_ptr", "cnt_ptr"}  # fmt: skip
@@ -61,55 +61,55 @@ def gemm_constexprs(
     )  # fmt: skip
 
 
-def compile_gemm(
-    constexprs: dict[str, Any], *, num_warps: int, num_stages: int, arch: int = 90,
-    dtype: str = "bf16",
+def _compile(
+    kernel: Any, const: dict[str, Any], types: dict[str, str], *, num_warps: int,
+    num_stages: int, arch: int, dtype: str,
 ) -> Any:  # fmt: skip
-    """Compile ``_moe_gemm_kernel`` for ``sm_<arch>`` with these constexprs; a CompiledKernel."""
+    """Compile a jit kernel for ``sm_<arch>``: ``const`` are its constexprs, ``types`` the
+    non-default argument types; other pointers are ``dtype``, other arguments i32. Pointers and
+    integers outside ``_NOT_DIVISIBLE`` count as 16-divisible, as Triton specializes them."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from moe_policy.experts.triton_moe import _moe_gemm_kernel
-
-    params = list(inspect.signature(_moe_gemm_kernel.fn).parameters)
-    const = dict(constexprs)
-    const.update({s: 1 for s in _UNIT_STRIDES})
-    b_cols = 2 * const["BLOCK_N"] if const["GATED"] and const["ONE_DOT"] else const["BLOCK_N"]
-    boxes = {"a_desc": (const["A_TMA"], const["BLOCK_M"]), "b_desc": (const["B_TMA"], b_cols)}
-    sig: dict[str, str] = {}
-    for p in params:
-        if p in boxes:
-            on, rows = boxes[p]
-            if on:
-                sig[p] = f"tensordesc<{dtype}[{rows}, {const['BLOCK_K']}]>"
-            else:
-                const[p] = None
-                sig[p] = "constexpr"
-        elif p in const:
-            sig[p] = "constexpr"
-        elif p.endswith("_ptr"):
-            sig[p] = (
-                "*i32" if p in _INT_POINTERS else "*fp32" if p in _FP32_POINTERS else f"*{dtype}"
-            )
-        else:
-            sig[p] = "i32"
+    params = list(inspect.signature(kernel.fn).parameters)
     missing = set(const) - set(params)
     if missing:
-        raise ValueError(f"not arguments of _moe_gemm_kernel: {sorted(missing)}")
+        raise ValueError(f"not arguments of {kernel.fn.__name__}: {sorted(missing)}")
+    sig = {
+        p: "constexpr" if p in const else types.get(p, f"*{dtype}" if p.endswith("_ptr") else "i32")
+        for p in params
+    }  # fmt: skip
     attrs = {
         (params.index(p),): [["tt.divisibility", 16]]
         for p, t in sig.items()
         if t.startswith("*") or (t == "i32" and p not in _NOT_DIVISIBLE)
     }
     src = ASTSource(
-        _moe_gemm_kernel, sig, constexprs={(params.index(k),): v for k, v in const.items()},
-        attrs=attrs,
-    )  # fmt: skip
-    return triton.compile(
-        src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps,
-                                                          "num_stages": num_stages},
-    )  # fmt: skip
+        kernel, sig, constexprs={(params.index(k),): v for k, v in const.items()}, attrs=attrs
+    )
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_gemm(
+    constexprs: dict[str, Any], *, num_warps: int, num_stages: int, arch: int = 90,
+    dtype: str = "bf16",
+) -> Any:  # fmt: skip
+    """Compile ``_moe_gemm_kernel`` for ``sm_<arch>`` with these constexprs; a CompiledKernel."""
+    from moe_policy.experts.triton_moe import _moe_gemm_kernel
+
+    const = {**constexprs, **{s: 1 for s in _UNIT_STRIDES}}
+    types = {p: "*i32" for p in _INT_POINTERS} | {p: "*fp32" for p in _FP32_POINTERS}
+    b_cols = 2 * const["BLOCK_N"] if const["GATED"] and const["ONE_DOT"] else const["BLOCK_N"]
+    for desc, on, rows in (("a_desc", const["A_TMA"], const["BLOCK_M"]),
+                           ("b_desc", const["B_TMA"], b_cols)):  # fmt: skip
+        if on:
+            types[desc] = f"tensordesc<{dtype}[{rows}, {const['BLOCK_K']}]>"
+        else:
+            const[desc] = None
+    return _compile(_moe_gemm_kernel, const, types, num_warps=num_warps,
+                    num_stages=num_stages, arch=arch, dtype=dtype)  # fmt: skip
 
 
 def compile_shrink(
@@ -117,38 +117,17 @@ def compile_shrink(
 ) -> Any:
     """Compile ``_lora_shrink_kernel`` (rank 16, 4 slots: 64 slot-expanded columns, as
     ``lora_shrink`` launches it for x) for ``sm_<arch>``; a CompiledKernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from moe_policy.experts.triton_lora import _lora_shrink_kernel
 
-    params = list(inspect.signature(_lora_shrink_kernel.fn).parameters)
     const = dict(
         A_ROW_DIV=8, A_SORTED=False, TOP_K=8, NUM_SLICES=num_slices, NAIVE=False,
         BLOCK_M=block_m, BLOCK_R=16, LR_BLOCK=64, BLOCK_K=64 if block_m > 64 else 128,
         K_STEPS=32, RANK_MASK=False, PDL=False, TRIGGER=False, stride_ak=1, stride_lak=1,
         stride_ur=1,
     )  # fmt: skip
-    sig = {
-        p: "constexpr" if p in const
-        else ("*fp32" if p == "u_ptr" else f"*{dtype}" if p in ("a_ptr", "la_ptr") else "*i32")
-        if p.endswith("_ptr") else "i32"
-        for p in params
-    }  # fmt: skip
-    attrs = {
-        (params.index(p),): [["tt.divisibility", 16]]
-        for p, t in sig.items()
-        if t.startswith("*") or (t == "i32" and p not in ("numel", "rank", "num_experts"))
-    }
-    src = ASTSource(
-        _lora_shrink_kernel, sig, constexprs={(params.index(k),): v for k, v in const.items()},
-        attrs=attrs,
-    )  # fmt: skip
-    return triton.compile(
-        src, target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": 4 if block_m <= 64 else 8, "num_stages": 3},
-    )  # fmt: skip
+    types = {p: "*i32" for p in _INT_POINTERS} | {"u_ptr": "*fp32"}
+    return _compile(_lora_shrink_kernel, const, types, num_warps=4 if block_m <= 64 else 8,
+                    num_stages=3, arch=arch, dtype=dtype)  # fmt: skip
 
 
 def memory_ops(ptx: str) -> Counter[str]:
