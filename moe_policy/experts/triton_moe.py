@@ -902,8 +902,6 @@ def _launch_gemm(
     n, k_dim = w.shape[1] // (2 if constexprs["GATED"] else 1), w.shape[2]
     lmap, len_, slots, rank = lora_args
     has_lora = constexprs["HAS_LORA"]
-    rem = n % g.block_n
-    tail_n = triton.next_power_of_2(rem) if N_TAIL_TILES and 0 < rem <= g.block_n // 2 else 0
     sum_out, cnt, num_tokens, n_cnt, stride_st, stride_cnt_t, cnt_step = sum_args or (
         c, route[1], 0, 0, 0, 0, 0,
     )  # fmt: skip
@@ -917,10 +915,18 @@ def _launch_gemm(
         A_TMA=a_desc is not None, B_TMA=b_desc is not None, HAS_BIAS=bias is not None,
         EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
-        TAIL_N=max(16, tail_n) if tail_n and tail_n < g.block_n else 0,
+        TAIL_N=_narrow_tail(n, g.block_n),
         num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=constexprs["PDL"],
         **constexprs,
     )  # fmt: skip
+
+
+def _narrow_tail(n: int, block_n: int) -> int:
+    """Width of the narrow last N tile (the remainder's next power of two, at least 16) when
+    that is at most half a tile, else 0 (``N_TAIL_TILES``)."""
+    rem = n % block_n
+    width = max(16, triton.next_power_of_2(rem)) if rem else 0
+    return width if N_TAIL_TILES and 2 * width <= block_n else 0
 
 
 def _interleave_rows(w: torch.Tensor) -> torch.Tensor:
