@@ -120,11 +120,30 @@ def test_without_lora_pdl_follows_the_config(monkeypatch):
     _call(3, lora=False, pdl=True, naive=True)
     (_, g1), (_, g2) = _plan(log)
     assert not g1["launch_pdl"] and not g1["PDL"]
-    assert g2["launch_pdl"] and g2["PDL"] and not g2["PDL_LATE"]
+    assert g2["launch_pdl"] and g2["PDL"] and not g2["PDL_LATE"] and not g2["TRIGGER"]
     _call(40, lora=False, pdl=True, naive=False)
     plan = _plan(log)
     assert _names(plan) == ["gemm", "gemm", "sum"]
     assert all(sw["launch_pdl"] and sw["PDL"] and not sw["PDL_LATE"] for _, sw in plan)
+
+
+def test_decode_gemm1_lets_gemm2_start_only_when_its_grid_leaves_sms_idle(monkeypatch):
+    """Decode with pdl: GEMM 1 triggers GEMM 2 at its start when its programs (12 pairs x 1 N
+    tile here) fit on the SMs at once; with more programs, or without pdl, nothing triggers."""
+    log = _record(monkeypatch)
+    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 12)
+    _call(3, lora=False, pdl=True, naive=True)
+    (_, g1), (_, g2) = _plan(log)
+    assert g1["TRIGGER"] and not g1["PDL"]
+    assert g2["PDL"] and g2["launch_pdl"] and not g2["TRIGGER"]
+    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 11)
+    _call(3, lora=False, pdl=True, naive=True)
+    assert not any(sw["TRIGGER"] for _, sw in _plan(log))
+    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 1000)
+    _call(3, lora=False, pdl=False, naive=True)
+    assert not any(sw["TRIGGER"] for _, sw in _plan(log))
+    _call(40, lora=False, pdl=True, naive=False)  # aligned: GEMM 1 waits on the alignment
+    assert not any(sw["TRIGGER"] for _, sw in _plan(log))
 
 
 def test_lora_pdl_switch_off_leaves_it_to_the_config(monkeypatch):
