@@ -110,7 +110,8 @@ def combine_from_batched(
     *,
     apply_router_weight: bool = True,
 ) -> torch.Tensor:
-    """``yb`` [E, M, H] -> [T, H]: router-weighted sum of each token's rows (fp32 accumulation).
+    """``yb`` [E, M, H] -> [T, H]: router-weighted sum of each token's rows (accumulated in
+    fp32, or in fp64 for fp64 rows).
 
     Only rows with ``index_map >= 0`` are read, so padding rows may hold anything.
     """
@@ -127,9 +128,10 @@ def combine_from_batched(
     flat_map = index_map.reshape(-1)
     sel = torch.nonzero(flat_map >= 0, as_tuple=True)[0]
     pair = flat_map[sel]
-    y = yb.reshape(-1, yb.shape[2])[sel].to(torch.float32)
+    acc = torch.promote_types(yb.dtype, torch.float32)
+    y = yb.reshape(-1, yb.shape[2])[sel].to(acc)
     if apply_router_weight:
-        y = y * topk_weights.reshape(-1)[pair].to(torch.float32).unsqueeze(1)
-    out = torch.zeros(num_tokens, yb.shape[2], dtype=torch.float32, device=yb.device)
+        y = y * topk_weights.reshape(-1)[pair].to(acc).unsqueeze(1)
+    out = torch.zeros(num_tokens, yb.shape[2], dtype=acc, device=yb.device)
     out.index_add_(0, pair // top_k, y)
     return out.to(yb.dtype)

@@ -21,3 +21,10 @@ if not ON_GPU:
 @pytest.fixture
 def device() -> str:
     return "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _seeded_torch() -> None:
+    """Every kernel test starts from the same torch RNG state, so a failure reproduces whatever
+    ran before it in the worker (unseeded inputs once made a tolerance check flaky)."""
+    torch.manual_seed(0)
