@@ -50,6 +50,10 @@ class MoEConfig:
     ``pdl``: every kernel after the call's first is launched as a programmatic dependent
     (Hopper+): it starts while its predecessor drains and waits on it before its first read,
     hiding a launch latency per kernel; worth it where kernels are a few microseconds (decode).
+
+    ``trigger`` (decode with ``pdl``): GEMM 1 lets GEMM 2 launch at its start, so GEMM 2's
+    programs start on SMs GEMM 1 leaves free and wait there. ``None``: when GEMM 1's grid is at
+    most one program per SM; tuned files set it where a whole-layer comparison says so.
     """
 
     block_m: int
@@ -57,6 +61,7 @@ class MoEConfig:
     gemm2: GemmConfig
     tail_m: int = 0
     pdl: bool = False
+    trigger: bool | None = None
 
     def __post_init__(self) -> None:
         t = self.tail_m
@@ -67,7 +72,7 @@ class MoEConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form, as stored in tuned files (``tail_m`` and ``pdl`` only when set)."""
+        """JSON form, as stored in tuned files (``tail_m``, ``pdl``, ``trigger`` only when set)."""
         d: dict[str, Any] = {
             "block_m": self.block_m, "gemm1": asdict(self.gemm1), "gemm2": asdict(self.gemm2),
         }  # fmt: skip
@@ -75,26 +80,30 @@ class MoEConfig:
             d["tail_m"] = self.tail_m
         if self.pdl:
             d["pdl"] = True
+        if self.trigger is not None:
+            d["trigger"] = self.trigger
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MoEConfig:
         """Inverse of :meth:`to_dict`; raises ValueError on unknown or missing keys."""
-        unknown = set(d) - {"block_m", "gemm1", "gemm2", "tail_m", "pdl"}
+        unknown = set(d) - {"block_m", "gemm1", "gemm2", "tail_m", "pdl", "trigger"}
         if unknown:
             raise ValueError(f"bad MoE config {d!r}: unknown keys {sorted(unknown)}")
         try:
+            trigger = d.get("trigger")
             return cls(
                 int(d["block_m"]), GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]),
-                tail_m=int(d.get("tail_m", 0)), pdl=_flag(d.get("pdl", False)),
+                tail_m=int(d.get("tail_m", 0)), pdl=_flag("pdl", d.get("pdl", False)),
+                trigger=None if trigger is None else _flag("trigger", trigger),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
             raise ValueError(f"bad MoE config {d!r}: {exc}") from exc
 
 
-def _flag(v: Any) -> bool:
+def _flag(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise TypeError(f"pdl must be true or false, got {v!r}")
+        raise TypeError(f"{name} must be true or false, got {v!r}")
     return v
 
 

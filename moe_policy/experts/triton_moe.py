@@ -839,10 +839,14 @@ def fused_moe_triton(
     one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
     b1_desc = _weight_descriptor(w13, (2 if one_dot1 else 1) * g1.block_n, g1)
     tail_m = 0 if naive else cfg.tail_m
-    # decode with dependent launches: a GEMM-1 grid that leaves SMs idle lets GEMM 2 launch
-    # at once (GEMM 2 waits before it reads), so its programs start on the idle SMs (H200:
-    # Qwen3-30B-A3B T=1 -3%; with more programs than SMs nothing is gained, Mixtral +1%)
-    trigger1 = pdl and naive and not has_lora and numel * triton.cdiv(i, g1.block_n) <= _sm_count(x)
+    # decode with dependent launches: GEMM 1 lets GEMM 2 launch at once (GEMM 2 waits before
+    # it reads), so its programs start on SMs GEMM 1 leaves free (config.trigger; by default
+    # when GEMM 1 runs at most one program per SM. H200: Qwen3-30B-A3B T=1 -3%; with more
+    # programs than SMs it needs a GEMM-2 tile that fits beside them, so tuned files say)
+    trigger1 = cfg.trigger
+    if trigger1 is None:
+        trigger1 = numel * triton.cdiv(i, g1.block_n) <= _sm_count(x)
+    trigger1 = trigger1 and pdl and naive and not has_lora
     common = dict(
         route=route, lora_args=(lmap, len_, slots, rank), numel=numel, num_experts=e,
         num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, RANK_MASK=rank < block_r,

@@ -63,7 +63,7 @@ def _plan(log: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
 TILES = tc.MoEConfig(16, tc.GemmConfig(32, 32, 1, 4, 2), tc.GemmConfig(32, 32, 1, 4, 2))
 
 
-def _call(t: int, *, lora: bool, pdl: bool, naive: bool):
+def _call(t: int, *, lora: bool, pdl: bool, naive: bool, trigger: bool | None = None):
     cfg = ExpertsConfig(64, 32, 32, 4, "silu")
     dtype = dtypes_for_device()[-1]
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,7 +76,7 @@ def _call(t: int, *, lora: bool, pdl: bool, naive: bool):
         ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
         ctx = lora_context(ad, lora_mapping(t, "round_robin", 2, device))
     return fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, lora=ctx, naive=naive,
-                            config=dataclasses.replace(TILES, pdl=pdl))  # fmt: skip
+                            config=dataclasses.replace(TILES, pdl=pdl, trigger=trigger))  # fmt: skip
 
 
 def _names(plan):
@@ -143,6 +143,24 @@ def test_decode_gemm1_lets_gemm2_start_only_when_its_grid_leaves_sms_idle(monkey
     _call(3, lora=False, pdl=False, naive=True)
     assert not any(sw["TRIGGER"] for _, sw in _plan(log))
     _call(40, lora=False, pdl=True, naive=False)  # aligned: GEMM 1 waits on the alignment
+    assert not any(sw["TRIGGER"] for _, sw in _plan(log))
+
+
+def test_config_trigger_overrides_the_rule(monkeypatch):
+    """config.trigger True triggers however many programs GEMM 1 has, False never does; both
+    only at decode with dependent launches and without LoRA."""
+    log = _record(monkeypatch)
+    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 1)
+    _call(3, lora=False, pdl=True, naive=True, trigger=True)
+    (_, g1), (_, g2) = _plan(log)
+    assert g1["TRIGGER"] and not g2["TRIGGER"] and g2["PDL"]
+    for kw in (dict(pdl=False, naive=True), dict(pdl=True, naive=False)):
+        _call(3 if kw["naive"] else 40, lora=False, trigger=True, **kw)
+        assert not any(sw["TRIGGER"] for name, sw in _plan(log) if name == "gemm")
+    _call(3, lora=True, pdl=True, naive=True, trigger=True)  # LoRA: the shrinks trigger
+    assert [sw["TRIGGER"] for name, sw in _plan(log) if name == "gemm"] == [False, False]
+    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 1000)
+    _call(3, lora=False, pdl=True, naive=True, trigger=False)
     assert not any(sw["TRIGGER"] for _, sw in _plan(log))
 
 

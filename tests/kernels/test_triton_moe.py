@@ -489,6 +489,22 @@ def test_config_pdl_round_trips_and_validates(device):
         assert err < REL_TOL[dtype], f"{cfg.activation} T={t}: relative error {err:.2e}"
 
 
+def test_config_trigger_round_trips_and_validates(device):
+    """trigger is left out when unset (the rule decides), survives the JSON form as true and
+    as false, refuses a non-boolean; a decode call with it forced matches the reference."""
+    assert "trigger" not in TAIL_TILES.to_dict()
+    for value in (True, False):
+        cfg = dataclasses.replace(TAIL_TILES, pdl=True, trigger=value)
+        assert cfg.to_dict()["trigger"] is value
+        assert tc.MoEConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="trigger must be true or false, got 1"):
+        tc.MoEConfig.from_dict({**TAIL_TILES.to_dict(), "trigger": 1})
+    dtype = dtypes_for_device()[-1]
+    tiles = dataclasses.replace(TAIL_TILES, pdl=True, trigger=True)
+    err = _run(ExpertsConfig(64, 64, 48, 4, "silu"), 3, dtype, device, tiles=tiles, naive=True)
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
 def test_experts_package_import_is_light():
     """Importing moe_policy.experts pulls in neither torch nor triton."""
     code = "import sys, moe_policy.experts; print('torch' in sys.modules, 'triton' in sys.modules)"
