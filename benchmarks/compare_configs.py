@@ -30,8 +30,9 @@ from moe_policy.experts.triton_config import MoEConfig, get_config
 
 def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
     """The shipped config and variants of it by name: without tail tiles ("plain"), with
-    tail tiles of a quarter and a half of BLOCK_M, and with programmatic dependent launches
-    switched ("pdl" on, "no_pdl" off)."""
+    tail tiles of a quarter and a half of BLOCK_M, with programmatic dependent launches
+    switched ("pdl" on, "no_pdl" off) and, where they are on, the decode trigger forced
+    ("trigger") or off ("no_trigger")."""
     base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
                       device)  # fmt: skip
     plain = replace(base, tail_m=0)
@@ -40,6 +41,8 @@ def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
         if tail >= 16:
             out[f"tail{tail}"] = replace(plain, tail_m=tail)
     out["no_pdl" if base.pdl else "pdl"] = replace(base, pdl=not base.pdl)
+    if base.pdl:  # the decode trigger needs dependent launches
+        out["no_trigger" if base.trigger else "trigger"] = replace(base, trigger=not base.trigger)
     return out
 
 

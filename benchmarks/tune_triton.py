@@ -1,5 +1,9 @@
 """Tune the Triton fused-MoE block sizes on this GPU; writes ``E={E},N={I},device_name=...json``.
 
+The decode trigger (``MoEConfig.trigger``) is not tuned here: it pays off through overlap of
+the two GEMMs, which kernel-by-kernel timing cannot see; set it from ``compare_configs.py``
+(variants "trigger"/"no_trigger") and edit the file.
+
 Small by design (a vLLM-style full sweep takes over an hour): for each token count, the
 heuristic's BLOCK_M and one neighbour, and a short list of GEMM-1 and GEMM-2 tiles. GEMM 1 and
 GEMM 2 are separate kernels, so one layer call times one GEMM-1 and one GEMM-2 candidate at

@@ -50,3 +50,17 @@ def test_lower_bound_is_memory_at_decode_and_compute_at_prefill():
     assert abs(decode - (8 * q.bytes_per_expert + 2 * q.hidden * 2) / 4.0e12 * 1e6) < 1e-6
     prefill = lower_bound_us(q, 8192, copy, mm)
     assert abs(prefill - layer_flops(q, 8192) / 800e12 * 1e6) < 1e-6
+
+
+def test_compare_variants_flip_the_trigger_only_where_dependent_launches_are_on():
+    """compare_configs offers the decode trigger flipped where the config launches dependents
+    (the shipped H200 Qwen3 T=1 entry sets it: "no_trigger"), and not for prefill configs."""
+    import compare_configs
+
+    decode = compare_configs.variants(SHAPES["qwen3-30b-a3b"], 1, "NVIDIA H200")
+    assert decode["shipped"].trigger is True and decode["no_trigger"].trigger is False
+    assert "trigger" not in decode
+    prefill = compare_configs.variants(SHAPES["qwen3-30b-a3b"], 4096, "NVIDIA H200")
+    assert not prefill["shipped"].pdl
+    assert "trigger" not in prefill and "no_trigger" not in prefill
+    assert prefill["pdl"].pdl and prefill["pdl"].trigger is None
