@@ -144,22 +144,22 @@ def _pair_keys(
     # sizes
     numel,
     num_experts,
+    num_slots,
     # constexpr
     TOP_K: tl.constexpr,
     SUB: tl.constexpr,
 ):
     """(whether each pair is kept, its sort key): ``expert * SUB + s`` with ``s`` = 0 for no
-    adapter and ``slot + 1`` otherwise (SUB = 1: the expert alone); dropped or out-of-range
-    pairs get key ``num_experts * SUB``."""
+    adapter (slot -1, outside [0, num_slots) or disabled) and ``slot + 1`` otherwise (SUB = 1:
+    the expert alone); dropped or out-of-range pairs get key ``num_experts * SUB``."""
     in_range = offs < numel
     ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
     keep = in_range & (ids >= 0) & (ids < num_experts)
     ids = tl.where(keep, ids, num_experts)
     if SUB > 1:
         slot = tl.load(lora_map_ptr + offs // TOP_K, mask=keep, other=-1)
-        on = tl.load(lora_enabled_ptr + slot, mask=slot >= 0, other=0)
-        # a slot past the key range (a bad mapping) must not spill into the next expert
-        key = ids * SUB + tl.where((on != 0) & (slot + 1 < SUB), slot + 1, 0)
+        on = tl.load(lora_enabled_ptr + slot, mask=(slot >= 0) & (slot < num_slots), other=0)
+        key = ids * SUB + tl.where(on != 0, slot + 1, 0)  # slot + 1 <= num_slots < SUB
     else:
         key = ids
     return keep, key
@@ -185,7 +185,7 @@ def _sub_cursors(
     tl.store(cursor_ptr + keys, start, mask=keys < num_experts * SUB)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _align_fused_kernel(
     # pointers
     topk_ids_ptr,  # [numel] expert of each pair
@@ -200,6 +200,7 @@ def _align_fused_kernel(
     numel,
     num_experts,
     max_blocks,
+    num_slots,  # adapter slots (SUB > 1)
     # constexpr
     TOP_K: tl.constexpr,
     SUB: tl.constexpr,  # 1, or a power of two > adapter slots: pairs ordered by slot in an expert
@@ -212,7 +213,7 @@ def _align_fused_kernel(
     # load the pairs and their keys; dropped or out-of-range pairs go to bin num_experts
     offs = tl.arange(0, CHUNK)
     keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
-                           num_experts, TOP_K, SUB)  # fmt: skip
+                           num_experts, num_slots, TOP_K, SUB)  # fmt: skip
     bins = tl.arange(0, NUM_BINS)
     sub_counts = tl.histogram(key, NUM_BINS * SUB)
     counts = tl.sum(tl.reshape(sub_counts, (NUM_BINS, SUB)), 1)  # per expert
@@ -230,7 +231,7 @@ def _align_fused_kernel(
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _align_count_kernel(
     # pointers
     topk_ids_ptr,  # [numel]
@@ -240,6 +241,7 @@ def _align_count_kernel(
     # sizes
     numel,
     num_experts,
+    num_slots,
     # constexpr
     TOP_K: tl.constexpr,
     SUB: tl.constexpr,
@@ -249,7 +251,7 @@ def _align_count_kernel(
     """Pair counts per key (expert, or expert and adapter) of one chunk, added into counts."""
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     _keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
-                            num_experts, TOP_K, SUB)  # fmt: skip
+                            num_experts, num_slots, TOP_K, SUB)  # fmt: skip
     hist = tl.histogram(key, NUM_BINS * SUB)
     # accumulate real experts only
     keys = tl.arange(0, NUM_BINS * SUB)
@@ -292,7 +294,7 @@ def _align_offsets_kernel(
         _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _align_scatter_kernel(
     # pointers
     topk_ids_ptr,  # [numel]
@@ -303,6 +305,7 @@ def _align_scatter_kernel(
     # sizes
     numel,
     num_experts,
+    num_slots,
     # constexpr
     TOP_K: tl.constexpr,
     SUB: tl.constexpr,
@@ -311,7 +314,7 @@ def _align_scatter_kernel(
     """Each pair of one chunk takes the next free row of its key."""
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
-                           num_experts, TOP_K, SUB)  # fmt: skip
+                           num_experts, num_slots, TOP_K, SUB)  # fmt: skip
     pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
@@ -357,6 +360,7 @@ def moe_align(
         sub = triton.next_power_of_2(len_.numel() + 1)
         if len_.numel() == 0 or num_bins * sub > MAX_SORT_KEYS:
             sub, lmap, len_ = 1, topk_ids, topk_ids
+    slots = len_.numel() if sub > 1 else 0
     if numel == 0:
         num_padded.zero_()
         expert_ids.fill_(-1)
@@ -366,7 +370,7 @@ def moe_align(
         cursor = take((num_bins * sub,), torch.int32)
         _align_fused_kernel[(1,)](
             topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor,
-            numel, num_experts, max_blocks,
+            numel, num_experts, max_blocks, slots,
             BLOCK_M=block_m, NUM_BINS=num_bins,
             CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK, **keys,
         )  # fmt: skip
@@ -375,7 +379,7 @@ def moe_align(
         counts, cursor = scratch[: num_bins * sub], scratch[num_bins * sub :]
         grid = (triton.cdiv(numel, _CHUNK),)
         _align_count_kernel[grid](
-            topk_ids, lmap, len_, counts, numel, num_experts,
+            topk_ids, lmap, len_, counts, numel, num_experts, slots,
             NUM_BINS=num_bins, CHUNK=_CHUNK, **keys,
         )  # fmt: skip
         _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
@@ -384,7 +388,16 @@ def moe_align(
             SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
         )  # fmt: skip
         _align_scatter_kernel[grid](
-            topk_ids, lmap, len_, sorted_ids, cursor, numel, num_experts, CHUNK=_CHUNK, **keys
+            topk_ids,
+            lmap,
+            len_,
+            sorted_ids,
+            cursor,
+            numel,
+            num_experts,
+            slots,
+            CHUNK=_CHUNK,
+            **keys,
         )
     return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
 

@@ -164,8 +164,9 @@ def _lora_groups(
     ad = lora.adapters
     num_slots = ad.num_slots
     slot = lora.token_lora_mapping.reshape(-1).long()[tok]
-    enabled = ad.enabled.to(device=slot.device).long()[slot.clamp(min=0)]
-    has = valid_sorted & (slot >= 0) & (enabled != 0)
+    in_range = (slot >= 0) & (slot < num_slots)
+    enabled = ad.enabled.to(device=slot.device).long()[slot.clamp(0, max(num_slots - 1, 0))]
+    has = valid_sorted & in_range & (enabled != 0)
     key2 = torch.where(has, slot * e_count + e_sorted, torch.full_like(slot, num_slots * e_count))
     order2, offs2 = _sort_by_group(key2, num_slots * e_count)
     return order2, offs2, has[order2].unsqueeze(1)

@@ -14,7 +14,9 @@ with expert ``e`` and slot ``l = token_lora_mapping[t]``::
     h      = W13[e] x + [B13_s[l,e] (A13_s[l,e] x) for s in slices]   # before act, not weighted
     y[t,k] = w * (W2[e] a + B2[l,e] (A2[l,e] a)),  a = act(h)         # router-weighted
 
-Tokens with ``l == -1`` or a disabled slot get an exactly zero delta. For
+Tokens with ``l == -1``, a slot outside ``[0, L)`` or a disabled slot get an exactly zero
+delta (a device-side mapping cannot be checked without a host sync, so an out-of-range slot
+is defined as "no adapter" rather than read out of bounds). For
 ``swigluoai`` (interleaved w13) slice 0 (gate) lands on even channels, slice 1 (up)
 on odd channels.
 """

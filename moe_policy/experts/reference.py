@@ -122,7 +122,7 @@ def fused_moe_reference(
         if lora is not None and mapping is not None and enabled is not None:
             slots = mapping[tok]
             for slot in torch.unique(slots).tolist():
-                if slot < 0 or int(enabled[slot]) == 0:
+                if not 0 <= slot < enabled.numel() or int(enabled[slot]) == 0:
                     continue
                 rows = torch.nonzero(slots == slot, as_tuple=True)[0]
                 groups.append((slot, rows))

@@ -41,12 +41,13 @@ def lora_slots(
     # pointers
     lora_map_ptr,  # [T] int32 slot per token
     lora_enabled_ptr,  # [L] int32
+    num_slots,  # L
     # constexpr
     TOP_K: tl.constexpr,  # pairs per token
 ):
-    """Adapter slot of each pair row, ``-1`` when none or disabled."""
+    """Adapter slot of each pair row, ``-1`` when none, outside ``[0, L)`` or disabled."""
     slot = tl.load(lora_map_ptr + pairs // TOP_K, mask=pair_mask, other=-1)
-    on = tl.load(lora_enabled_ptr + slot, mask=slot >= 0, other=0)
+    on = tl.load(lora_enabled_ptr + slot, mask=(slot >= 0) & (slot < num_slots), other=0)
     return tl.where(on != 0, slot, -1)
 
 
@@ -132,7 +133,7 @@ def _own_slot_columns(
     return tl.sum(tl.reshape(own, (BLOCK_M, LR_BLOCK // BLOCK_R, BLOCK_R)), axis=1)
 
 
-@triton.jit(do_not_specialize=["numel", "rank"])
+@triton.jit(do_not_specialize=["numel", "rank", "num_slots"])
 def _lora_shrink_kernel(
     # pointers
     a_ptr,  # activations: x [T, K] (w13) or act [numel, K] (w2)
@@ -150,6 +151,7 @@ def _lora_shrink_kernel(
     numel,
     num_experts,
     rank,
+    num_slots,
     # strides (elements between neighbours along each dimension)
     stride_am,
     stride_ak,
@@ -193,7 +195,7 @@ def _lora_shrink_kernel(
     if not live:
         return
     pair_mask = pairs < numel
-    slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
+    slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, num_slots, TOP_K)
     rows = pair_mask & (slot >= c0 // BLOCK_R) & (slot < (c0 + LR_BLOCK) // BLOCK_R)
     if tl.sum(rows.to(tl.int32), 0) == 0:
         return
@@ -292,7 +294,7 @@ def lora_shrink(
     _lora_shrink_kernel[(num_blocks, chunks, parts)](
         a, lora_a, u, topk_ids, sorted_ids, expert_ids, num_padded, block_rows,
         lora_map, lora_enabled,
-        k_dim, numel, num_experts, rank,
+        k_dim, numel, num_experts, rank, slots,
         a.stride(0), a.stride(1),
         lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3), lora_a.stride(4),
         u.stride(0), u.stride(1), u.stride(2), u.stride(3),

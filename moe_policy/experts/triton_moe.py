@@ -194,7 +194,7 @@ def _moe_tile(
     # LoRA: slot of each row and, per accumulator column, its output column and slice (a
     # one-dot gated tile interleaves gate and up)
     if HAS_LORA:
-        slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, TOP_K)
+        slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, num_slots, TOP_K)
         if GATED and ONE_DOT:
             cols_lb = tl.arange(0, 2 * BLOCK_N)
             n_lb = (n0 + cols_lb // 2) % N

@@ -7,6 +7,8 @@ exactly the base output.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -230,6 +232,33 @@ def test_lora_all_tokens_on_disabled_slot_is_exactly_base(device):
     backend = TritonExperts(cfg, wts["w13"], wts["w2"])
     out = backend.apply(x, tw, ti, lora_context(ad, lora_mapping(6, "round_robin", 2, device)))
     assert torch.equal(out, backend.apply(x, tw, ti))
+
+
+@pytest.mark.parametrize(("t", "e"), [(3, 32), (5, 4), (67, 4)],
+                         ids=["decode", "aligned", "ordered-by-adapter"])  # fmt: skip
+def test_out_of_range_slots_mean_no_adapter(t, e, device):
+    """Slots outside [0, L) (here L, L+5 and a large one) give exactly what -1 gives, in the
+    Triton path (decode, aligned, pairs ordered by adapter) and in the reference: the kernels
+    mask them instead of reading the enabled flags out of bounds."""
+    dtype = dtypes_for_device()[0]
+    cfg = ExpertsConfig(e, 32, 32, 2, "silu")
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(t, 32, dtype, device)
+    tw, ti = make_routing(t, e, 2, device, seed=3)
+    ad = make_lora(cfg, num_slots=3, max_rank=16, ranks=[16, 8, 12], dtype=dtype, device=device)
+    good = lora_mapping(t, "round_robin", 3, device)
+    bad = good.clone()
+    bad[0::4], bad[1::4] = 3, 8
+    bad[2::4] = 1 << 20
+    fixed = torch.where(bad >= 3, -1, bad).int()
+    tiles = dataclasses.replace(TILES_16_TMA, tail_m=0) if t == 67 else None
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=tiles)
+    out = backend.apply(x, tw, ti, lora_context(ad, bad))
+    assert torch.equal(out, backend.apply(x, tw, ti, lora_context(ad, fixed)))
+    assert not torch.equal(out, backend.apply(x, tw, ti, lora_context(ad, good)))
+    ref_bad = _ref(cfg, wts, x, tw, ti, _double_lora(lora_context(ad, bad)))
+    ref_fixed = _ref(cfg, wts, x, tw, ti, _double_lora(lora_context(ad, fixed)))
+    assert torch.equal(ref_bad, ref_fixed)
 
 
 @pytest.mark.parametrize(("naive", "split_k"), [(False, 1), (True, 1), (False, 3)])
