@@ -60,6 +60,77 @@ def lora_block_sizes(rank: int, num_slots: int) -> tuple[int, int, int]:
 
 
 @triton.jit
+def _lora_b_tile(
+    expert,
+    offs_n,
+    col_slice,
+    lb_ptr,
+    rank,
+    stride_lbs,
+    stride_lbe,
+    stride_lbn,
+    stride_lbr,
+    BLOCK_R: tl.constexpr,
+    NUM_SLICES: tl.constexpr,
+    RANK_MASK: tl.constexpr,
+):
+    """Pointers (slot 0) and mask of the ``[NUM_SLICES * BLOCK_R, BLOCK_N]`` B tile of
+    ``expert`` (add ``slot * stride_lbl`` for a slot)."""
+    q = tl.arange(0, NUM_SLICES * BLOCK_R)
+    q_slice = q // BLOCK_R
+    q_r = q % BLOCK_R
+    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe
+    b_ptrs += (q_slice * stride_lbs + q_r * stride_lbr)[:, None] + offs_n[None, :] * stride_lbn
+    # one slice: q_slice is all zero, a mask constant along K (two: B is zero across slices)
+    b_mask = q_slice[:, None] == col_slice[None, :] if NUM_SLICES == 2 else (q_slice == 0)[:, None]
+    if RANK_MASK:
+        b_mask = b_mask & (q_r < rank)[:, None]
+    return b_ptrs, b_mask
+
+
+@triton.jit
+def lora_b_ahead(
+    slot,
+    expert,
+    offs_n,
+    col_slice,
+    lb_ptr,
+    num_slots,
+    rank,
+    stride_lbs,
+    stride_lbl,
+    stride_lbe,
+    stride_lbn,
+    stride_lbr,
+    BLOCK_R: tl.constexpr,
+    NUM_SLICES: tl.constexpr,
+    DTYPE: tl.constexpr,
+    RANK_MASK: tl.constexpr,
+):
+    """The B tiles of the lowest and the highest slot present in the block, loaded before the
+    main loop so that their latency hides behind it: ``(s_lo, s_hi, b_lo, b_hi)``; ``s_lo`` is
+    ``num_slots`` and ``s_hi`` -1 when no row has an adapter (the tiles then hold slot 0)."""
+    s_lo = tl.min(tl.where(slot >= 0, slot, num_slots), 0)
+    s_hi = tl.max(slot, 0)
+    b_ptrs, b_mask = _lora_b_tile(
+        expert, offs_n, col_slice, lb_ptr, rank, stride_lbs, stride_lbe, stride_lbn, stride_lbr,
+        BLOCK_R, NUM_SLICES, RANK_MASK,
+    )  # fmt: skip
+    b_lo = tl.load(b_ptrs + tl.minimum(s_lo, num_slots - 1) * stride_lbl, mask=b_mask, other=0.0)
+    b_hi = tl.load(b_ptrs + tl.maximum(s_hi, 0) * stride_lbl, mask=b_mask, other=0.0)
+    return s_lo, s_hi, b_lo.to(DTYPE), b_hi.to(DTYPE)
+
+
+@triton.jit
+def _slot_dot(acc, u, slot, sid, b, DTYPE: tl.constexpr):
+    """``acc + u @ b`` over the rows of slot ``sid`` (skipped when the block has none)."""
+    sel = slot == sid
+    if tl.sum(sel.to(tl.int32), 0) > 0:
+        acc = tl.dot(tl.where(sel[:, None], u, 0.0).to(DTYPE), b, acc)
+    return acc
+
+
+@triton.jit
 def lora_expand_loop(
     acc,
     slot,
@@ -83,12 +154,18 @@ def lora_expand_loop(
     stride_lbe,
     stride_lbn,
     stride_lbr,
+    # B tiles loaded ahead (lora_b_ahead; used when B_AHEAD)
+    s_lo,
+    s_hi,
+    b_lo,
+    b_hi,
     # constexpr
     BLOCK_R: tl.constexpr,
     NUM_SLICES: tl.constexpr,  # 2: acc columns interleave two slices (col_slice says which)
     U_SPLIT: tl.constexpr,
     DTYPE: tl.constexpr,  # compute dtype of the dot
     RANK_MASK: tl.constexpr,  # rank < BLOCK_R: mask the padding ranks
+    B_AHEAD: tl.constexpr,  # the lowest and highest slots' B tiles come in b_lo / b_hi
 ):
     """``acc + u @ B[slot, expert]^T`` for rows with an adapter: one small dot per slot present.
 
@@ -103,22 +180,29 @@ def lora_expand_loop(
     u_mask = (slot >= 0)[:, None]
     u_ptrs = u_ptr + pairs.to(tl.int64)[:, None] * stride_um
     u_ptrs += (q_slice * stride_us + q_r * stride_ur)[None, :]
-    b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe
-    b_ptrs += (q_slice * stride_lbs + q_r * stride_lbr)[:, None] + offs_n[None, :] * stride_lbn
-    # one slice: q_slice is all zero, a mask constant along K (two: B is zero across slices)
-    b_mask = q_slice[:, None] == col_slice[None, :] if NUM_SLICES == 2 else (q_slice == 0)[:, None]
     if RANK_MASK:
         u_mask = u_mask & (q_r < rank)[None, :]
-        b_mask = b_mask & (q_r < rank)[:, None]
+    b_ptrs, b_mask = _lora_b_tile(
+        expert, offs_n, col_slice, lb_ptr, rank, stride_lbs, stride_lbe, stride_lbn, stride_lbr,
+        BLOCK_R, NUM_SLICES, RANK_MASK,
+    )  # fmt: skip
     u = tl.load(u_ptrs, mask=u_mask, other=0.0)
     for sp in tl.static_range(1, U_SPLIT):
         u += tl.load(u_ptrs + sp * stride_uk, mask=u_mask, other=0.0)
-    for sid in range(0, num_slots):
+    if B_AHEAD:  # blocks ordered by adapter hold one or two slots: both tiles are here
+        acc = _slot_dot(acc, u, slot, s_lo, b_lo, DTYPE)
+        if s_hi > s_lo:
+            acc = _slot_dot(acc, u, slot, s_hi, b_hi, DTYPE)
+        first = s_lo + 1
+        last = s_hi
+    else:
+        first = 0
+        last = num_slots
+    for sid in range(first, last):  # slots in between: B loaded here, when present
         sel = slot == sid
         if tl.sum(sel.to(tl.int32), 0) > 0:
-            u_s = tl.where(sel[:, None], u, 0.0).to(DTYPE)
             b_s = tl.load(b_ptrs + sid * stride_lbl, mask=b_mask, other=0.0).to(DTYPE)
-            acc = tl.dot(u_s, b_s, acc)
+            acc = tl.dot(tl.where(sel[:, None], u, 0.0).to(DTYPE), b_s, acc)
     return acc
 
 

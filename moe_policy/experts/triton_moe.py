@@ -67,6 +67,7 @@ from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton_config import GemmConfig, MoEConfig, get_config
 from moe_policy.experts.triton_lora import (
     MAX_RANK,
+    lora_b_ahead,
     lora_block_sizes,
     lora_expand_loop,
     lora_shrink,
@@ -88,6 +89,11 @@ SHRINK_MIN_PROGRAMS = 128
 LORA_PDL = True
 #: Narrow tiles for a last N tile that is at most half full (N not a multiple of BLOCK_N).
 N_TAIL_TILES = True
+#: LoRA: both GEMMs load the B tiles of each block's lowest and highest adapter slot before
+#: the main loop, so their latency hides behind it, where a block holds few slots (decode,
+#: pairs ordered by adapter) or the main loop is long (128-row tiles). H200: -1 to -4% there;
+#: with 16-32-row tiles holding all four slots, +2.5 to +5.7% (Qwen3 T=64/256), so not there.
+LORA_B_AHEAD = True
 #: Decode (one pair per block, k > 1): GEMM 2 writes the top-k sum itself (its last pair per
 #: token and N tile sums), instead of a separate sum kernel. False restores the sum kernel.
 FUSED_DECODE_SUM = True
@@ -187,6 +193,7 @@ def _moe_tile(
     U_SPLIT: tl.constexpr,
     RANK_MASK: tl.constexpr,
     WAIT_LORA: tl.constexpr,  # dependent launch: wait for the shrink output only here
+    LORA_B_AHEAD: tl.constexpr,  # LoRA B tiles of the block's lowest/highest slot before the loop
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
     pair_mask = pairs < numel
@@ -202,6 +209,18 @@ def _moe_tile(
         else:
             n_lb = (n0 + tl.arange(0, BLOCK_N)) % N
             slice_lb = n_lb * 0
+        dt = b_ptr.dtype.element_ty
+        if LORA_B_AHEAD:
+            s_lo, s_hi, b_lo, b_hi = lora_b_ahead(
+                slot, expert, n_lb, slice_lb, lora_b_ptr, num_slots, lora_rank,
+                stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                BLOCK_R, 2 if (GATED and ONE_DOT) else 1, dt, RANK_MASK,
+            )  # fmt: skip
+        else:
+            s_lo = 0
+            s_hi = -1
+            b_lo = 0.0
+            b_hi = 0.0
 
     # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
     # this expert, [BLOCK_K, B_COLS]; gated one-dot tiles hold the interleaved gate/up rows of
@@ -258,20 +277,19 @@ def _moe_tile(
     if WAIT_LORA:
         gdc_wait()
     if HAS_LORA:
-        dt = b_ptr.dtype.element_ty
         acc_b = lora_expand_loop(
             acc_b, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr, lora_b_ptr,
             num_slots, lora_rank, stride_uk, stride_us, stride_um, stride_ur,
-            stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-            BLOCK_R, 2 if (GATED and ONE_DOT) else 1, U_SPLIT, dt, RANK_MASK,
+            stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr, s_lo, s_hi, b_lo, b_hi,
+            BLOCK_R, 2 if (GATED and ONE_DOT) else 1, U_SPLIT, dt, RANK_MASK, LORA_B_AHEAD,
         )  # fmt: skip
-        if GATED and not ONE_DOT:
+        if GATED and not ONE_DOT:  # (the tiles ahead are the gate slice's: not used here)
             acc_u = lora_expand_loop(
                 acc_u, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr + stride_us,
                 lora_b_ptr + stride_lbs, num_slots, lora_rank,
                 stride_uk, stride_us, stride_um, stride_ur,
-                stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
-                BLOCK_R, 1, U_SPLIT, dt, RANK_MASK,
+                stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr, s_lo, s_hi, b_lo, b_hi,
+                BLOCK_R, 1, U_SPLIT, dt, RANK_MASK, False,
             )  # fmt: skip
     if GATED and ONE_DOT:  # even columns are gate, odd columns up
         acc, acc_u = tl.split(tl.reshape(acc_b, (BLOCK_M, BLOCK_N, 2)))
@@ -391,6 +409,7 @@ def _moe_gemm_kernel(
     PDL_LATE: tl.constexpr,  # with LoRA after a triggering shrink: wait before the expand only
     TAIL_N: tl.constexpr,  # 0, or: the last N tile (at most half full) runs TAIL_N wide
     TRIGGER: tl.constexpr,  # let the next kernel (a dependent launch) start once all have begun
+    LORA_B_AHEAD: tl.constexpr,  # LoRA: B tiles of the block's lowest/highest slot before the loop
 ):
     """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block,
     a TAIL_N-wide one, with pointer loads, for the last N tile of a full block).
@@ -447,7 +466,7 @@ def _moe_gemm_kernel(
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
                 A_ROW_DIV, A_SORTED, False, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-                TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE,
+                TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
             return
     if TAIL_N > 0:  # noqa: SIM102 (constexpr test: the narrow tile is compiled only when on)
@@ -462,7 +481,7 @@ def _moe_gemm_kernel(
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
                 A_ROW_DIV, A_SORTED, A_TMA, False, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-                BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE,
+                BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
             if SUM_K > 0:
                 _sum_when_last(
@@ -479,7 +498,7 @@ def _moe_gemm_kernel(
         stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
         A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
         LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE,
+        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
     )  # fmt: skip
     if SUM_K > 0:
         _sum_when_last(
@@ -786,6 +805,9 @@ def fused_moe_triton(
             routing.block_rows,
         )
     route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded, block_rows)
+    # LoRA B tiles before the main loop (LORA_B_AHEAD): one pair per block (decode), pairs
+    # ordered by adapter (few slots per block), or 128-row tiles (a long loop to hide behind)
+    b_ahead = LORA_B_AHEAD and lora is not None and (naive or numel > e * bm or bm >= 128)
     # programmatic dependent launches (config.pdl): every kernel after the call's first
     pdl = (cfg.pdl or (LORA_PDL and lora is not None)) and _pdl_usable(x)
 
@@ -861,7 +883,7 @@ def fused_moe_triton(
         ONE_DOT=one_dot1, SUM_K=0,
         ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0,
         PDL=pdl and (not naive or has_lora), PDL_LATE=pdl and has_lora, TRIGGER=trigger1,
-        **common,
+        LORA_B_AHEAD=b_ahead, **common,
     )  # fmt: skip
 
     # LoRA: shrink of the activation for w2
@@ -888,7 +910,7 @@ def fused_moe_triton(
         A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
         ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, PDL=pdl,
-        PDL_LATE=pdl and has_lora, TRIGGER=False, **common,
+        PDL_LATE=pdl and has_lora, TRIGGER=False, LORA_B_AHEAD=b_ahead, **common,
     )  # fmt: skip
     if direct or fused_sum:
         return out

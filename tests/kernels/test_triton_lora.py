@@ -23,6 +23,7 @@ from moe_cases import (  # noqa: E402
     make_routing,
     make_weights,
     make_x,
+    record_launches,
     rel_err,
 )
 
@@ -232,6 +233,66 @@ def test_lora_all_tokens_on_disabled_slot_is_exactly_base(device):
     backend = TritonExperts(cfg, wts["w13"], wts["w2"])
     out = backend.apply(x, tw, ti, lora_context(ad, lora_mapping(6, "round_robin", 2, device)))
     assert torch.equal(out, backend.apply(x, tw, ti))
+
+
+TILES_128 = tc.MoEConfig(128, tc.GemmConfig(32, 32, 1, 4, 2), tc.GemmConfig(32, 32, 1, 4, 2))
+
+
+@pytest.mark.parametrize(
+    ("cfg", "one_dot"),
+    [(ExpertsConfig(4, 32, 32, 2, "silu"), True), (ExpertsConfig(4, 32, 32, 2, "gelu"), False),
+     (ExpertsConfig(4, 32, 32, 2, "relu2", gated=False), False)],
+    ids=["one-dot", "two-dot", "non-gated"],
+)  # fmt: skip
+def test_lora_b_tiles_ahead_with_every_slot_in_a_block(cfg, one_dot, device, monkeypatch):
+    """128-row tiles load the B tiles of the block's lowest and highest slots before the main
+    loop and the slots in between after it; with all four slots (one disabled, some tokens
+    without an adapter) in each expert's one block the result matches the reference and the
+    expand without tiles ahead."""
+    from moe_policy.experts import triton_moe
+
+    dtype = dtypes_for_device()[0]
+    tiles = dataclasses.replace(
+        TILES_128, gemm1=dataclasses.replace(TILES_128.gemm1, one_dot=one_dot)
+    )
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(40, 32, dtype, device)
+    tw, ti = make_routing(40, 4, 2, device, seed=5)
+    ad = make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 12], dtype=dtype,
+                   device=device, disabled=(2,))  # fmt: skip
+    mapping = torch.where(torch.arange(40) % 5 == 4, -1, torch.arange(40) % 4).int().to(device)
+    ctx = lora_context(ad, mapping)
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=tiles)
+    seen = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    out = backend.apply(x, tw, ti, ctx)
+    assert [kw["LORA_B_AHEAD"] for _, kw in seen] == [True, True]
+    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+    monkeypatch.setattr(triton_moe, "LORA_B_AHEAD", False)
+    assert torch.equal(out, backend.apply(x, tw, ti, ctx))
+    assert [kw["LORA_B_AHEAD"] for _, kw in seen[2:]] == [False, False]
+
+
+def test_lora_b_tiles_ahead_only_where_blocks_hold_few_slots_or_tiles_are_large(monkeypatch):
+    """The rule: decode (one pair per block), pairs ordered by adapter, or 128-row tiles; not
+    16-64-row tiles holding every slot (slower there on the H200)."""
+    from moe_policy.experts import triton_moe
+
+    cfg = ExpertsConfig(4, 32, 32, 2, "silu")
+    dtype = dtypes_for_device()[0]
+    device = "cuda" if ON_GPU else "cpu"
+    wts = make_weights(cfg, dtype, device)
+    ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=TILES_16_TMA)
+    seen = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    for t, naive, want in ((2, True, True), (3, False, False), (67, False, True)):
+        x = make_x(t, 32, dtype, device)
+        tw, ti = make_routing(t, 4, 2, device, seed=2)
+        ctx = lora_context(ad, lora_mapping(t, "round_robin", 2, device))
+        fused_moe_triton(x, backend.weights["w13"], backend.weights["w2"], tw, ti, lora=ctx,
+                         config=TILES_16_TMA, naive=naive)  # fmt: skip
+        assert [kw["LORA_B_AHEAD"] for _, kw in seen] == [want, want], (t, naive)
+        seen.clear()
 
 
 @pytest.mark.parametrize(("t", "e"), [(3, 32), (5, 4), (67, 4)],
