@@ -30,9 +30,10 @@ sorted activation (rows past the block's expert are computed and not stored).
 Dependent launches (Hopper+; ``MoEConfig.pdl``, and every LoRA call via ``LORA_PDL``): every
 kernel after the call's first starts while its predecessor drains and waits on it
 (``gdc_wait``) before it reads; a LoRA shrink waits, then lets the next GEMM launch, and that
-GEMM streams its weights and waits only before the LoRA expand; a decode GEMM 1 whose grid
-leaves SMs idle lets GEMM 2 launch at its start. Every program of a kernel waits, so each
-kernel ends after its predecessor and the chain stays ordered.
+GEMM streams its weights and waits only before the LoRA expand; a decode GEMM 1 may let
+GEMM 2 launch at its start (``MoEConfig.trigger``), so GEMM 2's programs take SMs it leaves
+free. Every program of a kernel waits, so each kernel ends after its predecessor and the chain
+stays ordered.
 
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
