@@ -7,6 +7,13 @@ interleaved rounds so that clock drift falls on all alike. Each variant's output
 against the shipped config's output before it is timed.
 
     python benchmarks/compare_configs.py --shapes qwen3-30b-a3b --tokens 4096 8192
+
+Decode entries (``--decode-search``): the trigger with shallower pipelines, whole-layer timed;
+the winners go to ``compare_best.json``, which ``--write-best`` merges into the tuned files
+here (the GPU machine cannot return file names with '=' or ',').
+
+    python benchmarks/compare_configs.py --decode-search --shapes gpt-oss-20b --tokens 1 2 4
+    python benchmarks/compare_configs.py --write-best compare_best.json
 """
 
 from __future__ import annotations
@@ -48,6 +55,70 @@ def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
     if heur != base:  # what an untuned GPU gets
         out["heuristic"] = heur
     return out
+
+
+def decode_search(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
+    """The shipped config and, for a decode batch with dependent launches (one pair per block),
+    the trigger forced on with shallower pipelines: GEMM 1 one stage less and GEMM 2 one or two
+    less (at least 2), so that GEMM 2's programs fit on an SM beside GEMM 1's. The tuner times
+    kernels one at a time and cannot see that overlap; whole layers can."""
+    base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
+                      device)  # fmt: skip
+    out = {"shipped": base}
+    if not base.pdl or t * shape.top_k * 4 > shape.num_experts:
+        return out
+    s1, s2 = base.gemm1.num_stages, base.gemm2.num_stages
+    for d1 in (0, 1):
+        for d2 in (0, 1, 2):
+            if s1 - d1 < 2 or s2 - d2 < 2:
+                continue
+            cfg = replace(
+                base, trigger=True, gemm1=replace(base.gemm1, num_stages=s1 - d1),
+                gemm2=replace(base.gemm2, num_stages=s2 - d2),
+            )  # fmt: skip
+            if cfg != base:
+                out[f"trig_g1s{s1 - d1}_g2s{s2 - d2}"] = cfg
+    return out
+
+
+def best_entries(rows: list[dict[str, Any]], min_gain: float) -> dict[str, dict[str, Any]]:
+    """``shape/T`` -> config dict of the fastest variant where it beats the shipped config by
+    more than ``min_gain`` (a fraction); rows as ``main`` writes them."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if "vs_shipped" not in row or row["variant"] == "shipped":
+            continue
+        key = f"{row['shape']}/{row['T']}"
+        if row["vs_shipped"] < 1 - min_gain and row["vs_shipped"] < best.get(key, {}).get("r", 1):
+            best[key] = {"r": row["vs_shipped"], "variant": row["variant"], "config": row["config"]}
+    return best
+
+
+def write_best(best_path: str, config_dir: str) -> list[str]:
+    """Merge ``compare_best.json`` (``--decode-search``) into the tuned files of ``config_dir``:
+    each ``shape/T`` entry replaces or adds key T of that shape's file; returns the files."""
+    from moe_policy.experts.triton_config import config_file_name
+
+    with open(best_path) as f:
+        payload = json.load(f)
+    written = []
+    for key, entry in payload["best"].items():
+        name, t = key.split("/")
+        shape = SHAPES[name]
+        path = os.path.join(config_dir, config_file_name(shape.num_experts, shape.inter,
+                                                         payload["device"]))  # fmt: skip
+        if not os.path.exists(path):
+            raise SystemExit(f"{path}: no tuned file to merge {key} into; run tune_triton.py")
+        with open(path) as f:
+            tuned = json.load(f)
+        MoEConfig.from_dict(entry["config"])  # refuse a malformed entry before writing
+        tuned["configs"][t] = entry["config"]
+        tuned["configs"] = dict(sorted(tuned["configs"].items(), key=lambda kv: int(kv[0])))
+        with open(path, "w") as f:
+            json.dump(tuned, f, indent=1)
+            f.write("\n")
+        written.append(path)
+    return sorted(set(written))
 
 
 def _lora_contexts(shape: MoEShape, t: int, n: int) -> list[Any]:
@@ -98,7 +169,27 @@ def main() -> None:
     p.add_argument("--lora", action="store_true", help="with LoRA (rank 16, 4 adapters)")
     p.add_argument("--jobs", type=int, default=12)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--decode-search", action="store_true",
+                   help="time decode_search's variants instead; write compare_best.json with "
+                        "the winners (see --min-gain)")  # fmt: skip
+    p.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.02,
+        help="--decode-search: keep a variant only when this much faster",
+    )
+    p.add_argument(
+        "--write-best",
+        metavar="JSON",
+        help="merge a compare_best.json into moe_policy/experts/configs and exit",
+    )
     args = p.parse_args()
+    if args.write_best:
+        config_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "moe_policy", "experts", "configs")  # fmt: skip
+        for path in write_best(args.write_best, config_dir):
+            print(f"# wrote {path}")
+        return
 
     import multiprocessing as mp
 
@@ -106,7 +197,9 @@ def main() -> None:
 
     start = time.time()
     device = torch.cuda.get_device_name()
-    plan = {(s, t): variants(SHAPES[s], t, device) for s in args.shapes for t in args.tokens}
+    make = decode_search if args.decode_search else variants
+    plan = {(s, t): make(SHAPES[s], t, device) for s in args.shapes for t in args.tokens}
+    plan = {st: vs for st, vs in plan.items() if len(vs) > 1}  # nothing to compare otherwise
     if args.variants:
         keep = {"shipped", *args.variants}
         plan = {st: {n: c for n, c in vs.items() if n in keep} for st, vs in plan.items()}
@@ -159,6 +252,12 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compare_configs.json"), "w") as f:
         json.dump({"device": device, "ceilings": ceil, "rows": rows}, f, indent=1)
+    if args.decode_search:
+        best = best_entries(rows, args.min_gain)
+        for key, entry in best.items():
+            print(f"# best {key}: {entry['variant']} ({entry['r']:.3f} of shipped)")
+        with open(os.path.join(args.out, "compare_best.json"), "w") as f:
+            json.dump({"device": device, "best": best}, f, indent=1)
     print(f"# total {time.time() - start:.0f}s", flush=True)
 
 

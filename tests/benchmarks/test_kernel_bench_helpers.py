@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 import kernels
@@ -64,3 +66,62 @@ def test_compare_variants_flip_the_trigger_only_where_dependent_launches_are_on(
     assert not prefill["shipped"].pdl
     assert "trigger" not in prefill and "no_trigger" not in prefill
     assert prefill["pdl"].pdl and prefill["pdl"].trigger is None
+
+
+def test_decode_search_varies_stages_with_the_trigger_for_decode_batches_only():
+    """Decode (one pair per block, dependent launches): the trigger forced on with GEMM 1 one
+    stage shallower or not and GEMM 2 zero to two, never below 2; nothing for prefill."""
+    import compare_configs
+
+    found = compare_configs.decode_search(SHAPES["mixtral-8x7b"], 1, "NVIDIA H200")
+    base = found.pop("shipped")
+    assert base.gemm1.num_stages == 3 and base.gemm2.num_stages == 3 and base.trigger is None
+    assert set(found) == {"trig_g1s3_g2s3", "trig_g1s3_g2s2", "trig_g1s2_g2s3", "trig_g1s2_g2s2"}
+    for name, cfg in found.items():
+        assert cfg.trigger is True and cfg.pdl
+        assert name == f"trig_g1s{cfg.gemm1.num_stages}_g2s{cfg.gemm2.num_stages}"
+        assert cfg.gemm1.block_n == base.gemm1.block_n and cfg.gemm2.block_n == base.gemm2.block_n
+    assert list(compare_configs.decode_search(SHAPES["mixtral-8x7b"], 1024, "NVIDIA H200")) == [
+        "shipped"
+    ]
+
+
+def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_path):
+    """Per point the fastest variant wins if it beats shipped by more than the margin; the
+    merge writes it as that point's entry of the shape's tuned file, and refuses a shape
+    without one."""
+    import json
+
+    import compare_configs
+
+    rows = [
+        {"shape": "qwen3-30b-a3b", "T": 3, "variant": "shipped", "vs_shipped": 1.0,
+         "config": {}},
+        {"shape": "qwen3-30b-a3b", "T": 3, "variant": "a", "vs_shipped": 0.97,
+         "config": {"block_m": 16, "gemm1": {"block_n": 32, "block_k": 64},
+                    "gemm2": {"block_n": 32, "block_k": 64}, "pdl": True, "trigger": True}},
+        {"shape": "qwen3-30b-a3b", "T": 3, "variant": "b", "vs_shipped": 0.95, "config": {
+            "block_m": 16, "gemm1": {"block_n": 64, "block_k": 64},
+            "gemm2": {"block_n": 64, "block_k": 64}, "pdl": True, "trigger": True}},
+        {"shape": "qwen3-30b-a3b", "T": 1, "variant": "c", "vs_shipped": 0.99, "config": {}},
+        {"shape": "qwen3-30b-a3b", "T": 2, "variant": "d", "error": "did not compile"},
+    ]  # fmt: skip
+    best = compare_configs.best_entries(rows, 0.02)
+    assert list(best) == ["qwen3-30b-a3b/3"] and best["qwen3-30b-a3b/3"]["variant"] == "b"
+    import shutil
+
+    name = "E=128,N=768,device_name=NVIDIA_H200.json"
+    src = os.path.join(os.path.dirname(compare_configs.__file__), "..", "moe_policy", "experts",
+                       "configs", name)  # fmt: skip
+    target = tmp_path / name
+    shutil.copy(src, target)
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps({"device": "NVIDIA H200", "best": best}))
+    assert compare_configs.write_best(str(path), str(tmp_path)) == [str(target)]
+    merged = json.loads(target.read_text())["configs"]
+    assert merged["3"] == best["qwen3-30b-a3b/3"]["config"]
+    assert list(merged) == sorted(merged, key=int) and "1" in merged
+    path.write_text(json.dumps({"device": "NVIDIA H200", "best": {
+        "mixtral-8x7b/3": best["qwen3-30b-a3b/3"]}}))  # fmt: skip
+    with pytest.raises(SystemExit, match="no tuned file to merge mixtral-8x7b/3"):
+        compare_configs.write_best(str(path), str(tmp_path))
