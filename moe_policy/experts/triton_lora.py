@@ -109,7 +109,8 @@ def lora_b_ahead(
 ):
     """The B tiles of the lowest and the highest slot present in the block, loaded before the
     main loop so that their latency hides behind it: ``(s_lo, s_hi, b_lo, b_hi)``; ``s_lo`` is
-    ``num_slots`` and ``s_hi`` -1 when no row has an adapter (the tiles then hold slot 0)."""
+    ``num_slots`` and ``s_hi`` -1 when no row has an adapter (the tiles, loaded from a valid
+    slot, then go unused)."""
     s_lo = tl.min(tl.where(slot >= 0, slot, num_slots), 0)
     s_hi = tl.max(slot, 0)
     b_ptrs, b_mask = _lora_b_tile(
