@@ -1,8 +1,8 @@
 """Tune the Triton fused-MoE block sizes on this GPU; writes ``E={E},N={I},device_name=...json``.
 
 The decode trigger (``MoEConfig.trigger``) is not tuned here: it pays off through overlap of
-the two GEMMs, which kernel-by-kernel timing cannot see; set it from ``compare_configs.py``
-(variants "trigger"/"no_trigger") and edit the file.
+the two GEMMs, which kernel-by-kernel timing cannot see; ``compare_configs.py --decode-search``
+finds those entries. Writing a file keeps the entries of token counts this run did not tune.
 
 Small by design (a vLLM-style full sweep takes over an hour): for each token count, the
 heuristic's BLOCK_M and one neighbour, and a short list of GEMM-1 and GEMM-2 tiles. GEMM 1 and
@@ -250,12 +250,29 @@ def tune_point(shape: MoEShape, t: int, cands: list[MoEConfig]) -> tuple[MoEConf
 
 def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, triton_version: str,
                       out: str) -> str:  # fmt: skip
-    """Write one tuned file (token count -> config dict); returns its path."""
-    payload = {"triton_version": triton_version, "device_name": device, "configs": table}
+    """Write one tuned file (token count -> config dict); returns its path. An existing file
+    keeps its entries for token counts this run did not tune (such as decode entries from
+    ``compare_configs.py --decode-search``); a replaced entry's ``trigger`` is reported, since
+    kernel-by-kernel timing cannot choose it."""
     path = os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
+    merged: dict[str, Any] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            merged = json.load(f)["configs"]
+        kept = sorted(set(merged) - set(table), key=int)
+        if kept:
+            print(f"# {os.path.basename(path)}: kept entries {kept} (not tuned in this run)")
+        lost = sorted((t for t in table if "trigger" in merged.get(t, {})), key=int)
+        if lost:
+            print(f"# {os.path.basename(path)}: entries {lost} lose their trigger; re-run "
+                  "compare_configs.py --decode-search")  # fmt: skip
+    merged.update(table)
+    configs = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+    payload = {"triton_version": triton_version, "device_name": device, "configs": configs}
     os.makedirs(out, exist_ok=True)
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
+        f.write("\n")
     return path
 
 

@@ -125,3 +125,29 @@ def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_pat
         "mixtral-8x7b/3": best["qwen3-30b-a3b/3"]}}))  # fmt: skip
     with pytest.raises(SystemExit, match="no tuned file to merge mixtral-8x7b/3"):
         compare_configs.write_best(str(path), str(tmp_path))
+
+
+def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_path, capsys):
+    """A tuning run replaces the entries of the token counts it tuned, keeps the others (the
+    hand-found decode entries), sorts them, and says which replaced entries had a trigger."""
+    import json
+    import shutil
+
+    import tune_triton
+
+    name = "E=128,N=768,device_name=NVIDIA_H200.json"
+    src = os.path.join(os.path.dirname(tune_triton.__file__), "..", "moe_policy", "experts",
+                       "configs", name)  # fmt: skip
+    shutil.copy(src, tmp_path / name)
+    before = json.loads((tmp_path / name).read_text())["configs"]
+    entry = {"block_m": 16, "gemm1": {"block_n": 32, "block_k": 64},
+             "gemm2": {"block_n": 32, "block_k": 64}}  # fmt: skip
+    tune_triton.write_config_file(SHAPES["qwen3-30b-a3b"], {"1": entry, "16": entry},
+                                  "NVIDIA H200", "3.6.0", str(tmp_path))  # fmt: skip
+    after = json.loads((tmp_path / name).read_text())["configs"]
+    assert after["1"] == entry and after["16"] == entry
+    assert {k: after[k] for k in ("2", "4", "6")} == {k: before[k] for k in ("2", "4", "6")}
+    assert list(after) == sorted(after, key=int)
+    out = capsys.readouterr().out
+    assert "kept entries ['2', '4', '6', '64'" in out
+    assert "entries ['1'] lose their trigger" in out
