@@ -21,6 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -119,6 +120,17 @@ def triton_runtime_available() -> tuple[bool, str | None]:
     if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
         return True, None
     return False, "no CUDA device and TRITON_INTERPRET is not set"
+
+
+@lru_cache(maxsize=8)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 4 elsewhere (Triton's interpreter), a small
+    stand-in that keeps grid heuristics exercised."""
+    if device.type != "cuda":
+        return 4
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 class FusedMoEExperts(ABC):

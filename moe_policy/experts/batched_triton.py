@@ -43,8 +43,6 @@ a token-count heuristic keyed by ``M`` (no tuned tables yet).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -53,6 +51,7 @@ from moe_policy.experts.base import (
     GATED_ACTIVATIONS,
     NON_GATED_ACTIVATIONS,
     FusedMoEExperts,
+    sm_count,
     triton_runtime_available,
 )
 from moe_policy.experts.lora import MoELoRAContext
@@ -399,7 +398,7 @@ def _lora_shrink(
     num_m = triton.cdiv(m_cap, cfg["BLOCK_M"])
     if split_k is None:
         split_k = shrink_split_k(
-            e_count * num_m * num_slices, k, cfg["BLOCK_K"], m_cap, _sm_count(x.device)
+            e_count * num_m * num_slices, k, cfg["BLOCK_K"], m_cap, sm_count(x.device)
         )
     alloc = torch.zeros if split_k > 1 else torch.empty
     u = alloc(num_slices, e_count, m_cap, rank, dtype=torch.float32, device=x.device)
@@ -437,13 +436,6 @@ def _lora_shrink(
         num_stages=cfg["num_stages"],
     )
     return u
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _block_r(rank: int) -> int:

@@ -62,6 +62,7 @@ from moe_policy.experts.base import (
     FusedMoEExperts,
     check_common_layout,
     contiguous_layout,
+    sm_count,
     triton_runtime_available,
 )
 from moe_policy.experts.lora import MoELoRAContext
@@ -646,18 +647,6 @@ def _has_tma(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-@lru_cache(maxsize=16)
-def _device_sm_count(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
-def _sm_count(x: torch.Tensor) -> int:
-    """Streaming multiprocessors of ``x``'s GPU (0 off the GPU)."""
-    if x.device.type != "cuda":
-        return 0
-    return _device_sm_count(x.device.index if x.device.index is not None else 0)
-
-
 def _pdl_usable(x: torch.Tensor) -> bool:
     """Programmatic dependent launch: a Hopper or newer GPU, not Triton's interpreter."""
     if x.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
@@ -866,10 +855,11 @@ def fused_moe_triton(
     # it reads), so its programs start on SMs GEMM 1 leaves free (config.trigger; by default
     # when GEMM 1 runs at most one program per SM. H200: Qwen3-30B-A3B T=1 -3%; with more
     # programs than SMs it needs a GEMM-2 tile that fits beside them, so tuned files say)
-    trigger1 = cfg.trigger
-    if trigger1 is None:
-        trigger1 = numel * triton.cdiv(i, g1.block_n) <= _sm_count(x)
-    trigger1 = trigger1 and pdl and naive and not has_lora
+    trigger1 = (
+        pdl and naive and not has_lora
+        and (cfg.trigger if cfg.trigger is not None
+             else numel * triton.cdiv(i, g1.block_n) <= sm_count(x.device))
+    )  # fmt: skip
     common = dict(
         route=route, lora_args=(lmap, len_, slots, rank), numel=numel, num_experts=e,
         num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, RANK_MASK=rank < block_r,

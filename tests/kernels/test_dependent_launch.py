@@ -131,15 +131,15 @@ def test_decode_gemm1_lets_gemm2_start_only_when_its_grid_leaves_sms_idle(monkey
     """Decode with pdl: GEMM 1 triggers GEMM 2 at its start when its programs (12 pairs x 1 N
     tile here) fit on the SMs at once; with more programs, or without pdl, nothing triggers."""
     log = _record(monkeypatch)
-    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 12)
+    monkeypatch.setattr(triton_moe, "sm_count", lambda device: 12)
     _call(3, lora=False, pdl=True, naive=True)
     (_, g1), (_, g2) = _plan(log)
     assert g1["TRIGGER"] and not g1["PDL"]
     assert g2["PDL"] and g2["launch_pdl"] and not g2["TRIGGER"]
-    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 11)
+    monkeypatch.setattr(triton_moe, "sm_count", lambda device: 11)
     _call(3, lora=False, pdl=True, naive=True)
     assert not any(sw["TRIGGER"] for _, sw in _plan(log))
-    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 1000)
+    monkeypatch.setattr(triton_moe, "sm_count", lambda device: 1000)
     _call(3, lora=False, pdl=False, naive=True)
     assert not any(sw["TRIGGER"] for _, sw in _plan(log))
     _call(40, lora=False, pdl=True, naive=False)  # aligned: GEMM 1 waits on the alignment
@@ -150,7 +150,7 @@ def test_config_trigger_overrides_the_rule(monkeypatch):
     """config.trigger True triggers however many programs GEMM 1 has, False never does; both
     only at decode with dependent launches and without LoRA."""
     log = _record(monkeypatch)
-    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 1)
+    monkeypatch.setattr(triton_moe, "sm_count", lambda device: 1)
     _call(3, lora=False, pdl=True, naive=True, trigger=True)
     (_, g1), (_, g2) = _plan(log)
     assert g1["TRIGGER"] and not g2["TRIGGER"] and g2["PDL"]
@@ -159,7 +159,7 @@ def test_config_trigger_overrides_the_rule(monkeypatch):
         assert not any(sw["TRIGGER"] for name, sw in _plan(log) if name == "gemm")
     _call(3, lora=True, pdl=True, naive=True, trigger=True)  # LoRA: the shrinks trigger
     assert [sw["TRIGGER"] for name, sw in _plan(log) if name == "gemm"] == [False, False]
-    monkeypatch.setattr(triton_moe, "_sm_count", lambda x: 1000)
+    monkeypatch.setattr(triton_moe, "sm_count", lambda device: 1000)
     _call(3, lora=False, pdl=True, naive=True, trigger=False)
     assert not any(sw["TRIGGER"] for _, sw in _plan(log))
 
