@@ -95,30 +95,31 @@ def best_entries(rows: list[dict[str, Any]], min_gain: float) -> dict[str, dict[
 
 
 def write_best(best_path: str, config_dir: str) -> list[str]:
-    """Merge ``compare_best.json`` (``--decode-search``) into the tuned files of ``config_dir``:
-    each ``shape/T`` entry replaces or adds key T of that shape's file; returns the files."""
+    """Merge ``compare_best.json`` (``--decode-search``) into the tuned files of ``config_dir``
+    (each ``shape/T`` entry replaces or adds key T of that shape's file, as the tuner writes
+    them); returns the files. A shape without a tuned file is refused."""
+    from tune_triton import write_config_file
+
     from moe_policy.experts.triton_config import config_file_name
 
     with open(best_path) as f:
         payload = json.load(f)
-    written = []
+    tables: dict[str, dict[str, Any]] = {}
     for key, entry in payload["best"].items():
         name, t = key.split("/")
+        MoEConfig.from_dict(entry["config"])  # refuse a malformed entry before writing
+        tables.setdefault(name, {})[t] = entry["config"]
+    written = []
+    for name, table in tables.items():
         shape = SHAPES[name]
         path = os.path.join(config_dir, config_file_name(shape.num_experts, shape.inter,
                                                          payload["device"]))  # fmt: skip
         if not os.path.exists(path):
-            raise SystemExit(f"{path}: no tuned file to merge {key} into; run tune_triton.py")
+            raise SystemExit(f"{path}: no tuned file to merge {name} into; run tune_triton.py")
         with open(path) as f:
-            tuned = json.load(f)
-        MoEConfig.from_dict(entry["config"])  # refuse a malformed entry before writing
-        tuned["configs"][t] = entry["config"]
-        tuned["configs"] = dict(sorted(tuned["configs"].items(), key=lambda kv: int(kv[0])))
-        with open(path, "w") as f:
-            json.dump(tuned, f, indent=1)
-            f.write("\n")
-        written.append(path)
-    return sorted(set(written))
+            version = json.load(f)["triton_version"]
+        written.append(write_config_file(shape, table, payload["device"], version, config_dir))
+    return sorted(written)
 
 
 def _lora_contexts(shape: MoEShape, t: int, n: int) -> list[Any]:

@@ -262,7 +262,10 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
         kept = sorted(set(merged) - set(table), key=int)
         if kept:
             print(f"# {os.path.basename(path)}: kept entries {kept} (not tuned in this run)")
-        lost = sorted((t for t in table if "trigger" in merged.get(t, {})), key=int)
+        lost = sorted(
+            (t for t in table if "trigger" in merged.get(t, {}) and "trigger" not in table[t]),
+            key=int,
+        )
         if lost:
             print(f"# {os.path.basename(path)}: entries {lost} lose their trigger; re-run "
                   "compare_configs.py --decode-search")  # fmt: skip
