@@ -32,17 +32,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_util import SHAPES, MoEShape, lower_bound_us, measure_ceilings, time_graphs_interleaved
 from tune_triton import _call, _inputs, _layer
 
-from moe_policy.experts.triton_config import MoEConfig, get_config, heuristic_config
+from moe_policy.experts.triton_config import (
+    MoEConfig,
+    default_tail_m,
+    get_config,
+    heuristic_config,
+)
 
 
 def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
-    """The shipped config and variants of it by name: without tail tiles ("plain"), with
+    """The shipped config and variants of it by name: one program per tile without tail tiles
+    ("plain"), with
     tail tiles of a quarter and a half of BLOCK_M, with programmatic dependent launches
     switched ("pdl" on, "no_pdl" off) and, where they are on, the decode trigger forced
-    ("trigger") or off ("no_trigger"), and the heuristic config where a tuned file differs."""
+    ("trigger") or off ("no_trigger"), persistent GEMMs switched ("persistent" without tail
+    tiles, "not_persistent" with the default ones), and the heuristic config where a tuned
+    file differs."""
     base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
                       device)  # fmt: skip
-    plain = replace(base, tail_m=0)
+    plain = replace(base, tail_m=0, persistent=False)
     out = {"shipped": base, "plain": plain}
     for tail in (base.block_m // 4, base.block_m // 2):
         if tail >= 16:
@@ -50,6 +58,10 @@ def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
     out["no_pdl" if base.pdl else "pdl"] = replace(base, pdl=not base.pdl)
     if base.pdl:  # the decode trigger needs dependent launches
         out["no_trigger" if base.trigger else "trigger"] = replace(base, trigger=not base.trigger)
+    if base.persistent:  # back to one program per tile, with the default tail tiles
+        out["not_persistent"] = replace(base, persistent=False, tail_m=default_tail_m(base.block_m))
+    else:
+        out["persistent"] = replace(base, persistent=True, tail_m=0)
     heur = heuristic_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter,
                             shape.gated)  # fmt: skip
     if heur != base:  # what an untuned GPU gets

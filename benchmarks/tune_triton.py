@@ -252,8 +252,8 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
                       out: str) -> str:  # fmt: skip
     """Write one tuned file (token count -> config dict); returns its path. An existing file
     keeps its entries for token counts this run did not tune (such as decode entries from
-    ``compare_configs.py --decode-search``); a replaced entry's ``trigger`` is reported, since
-    kernel-by-kernel timing cannot choose it."""
+    ``compare_configs.py --decode-search``); a replaced entry's ``trigger`` or ``persistent`` is
+    reported, since kernel-by-kernel timing cannot choose them."""
     path = os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
     merged: dict[str, Any] = {}
     if os.path.exists(path):
@@ -262,13 +262,13 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
         kept = sorted(set(merged) - set(table), key=int)
         if kept:
             print(f"# {os.path.basename(path)}: kept entries {kept} (not tuned in this run)")
-        lost = sorted(
-            (t for t in table if "trigger" in merged.get(t, {}) and "trigger" not in table[t]),
-            key=int,
-        )
-        if lost:
-            print(f"# {os.path.basename(path)}: entries {lost} lose their trigger; re-run "
-                  "compare_configs.py --decode-search")  # fmt: skip
+        for key, how in (("trigger", "--decode-search"), ("persistent", "--variants persistent")):
+            lost = sorted(
+                (t for t in table if key in merged.get(t, {}) and key not in table[t]), key=int
+            )
+            if lost:
+                print(f"# {os.path.basename(path)}: entries {lost} lose their {key}; re-run "
+                      f"compare_configs.py {how}")  # fmt: skip
     merged.update(table)
     configs = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
     payload = {"triton_version": triton_version, "device_name": device, "configs": configs}

@@ -35,6 +35,11 @@ GEMM 2 launch at its start (``MoEConfig.trigger``), so GEMM 2's programs take SM
 free. Every program of a kernel waits, so each kernel ends after its predecessor and the chain
 stays ordered.
 
+Persistent GEMMs (``MoEConfig.persistent``, aligned batches without LoRA): one program per SM
+walks the tiles ``pid, pid + P, ...``; Triton flattens the tile loop and the K loop into one
+software-pipelined loop, so the next tile's loads are in flight during this tile's epilogue
+(no tail tiles there).
+
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
 captured in a CUDA graph. Workspace: ``[T*k, I]`` + ``[T*k, H]`` in the compute dtype (the
@@ -99,6 +104,8 @@ LORA_B_AHEAD = True
 #: Decode (one pair per block, k > 1): GEMM 2 writes the top-k sum itself (its last pair per
 #: token and N tile sums), instead of a separate sum kernel. False restores the sum kernel.
 FUSED_DECODE_SUM = True
+#: Persistent GEMMs where the config asks (``MoEConfig.persistent``); False ignores it.
+PERSISTENT_GEMMS = True
 
 
 @triton.jit
@@ -412,6 +419,7 @@ def _moe_gemm_kernel(
     TAIL_N: tl.constexpr,  # 0, or: the last N tile (at most half full) runs TAIL_N wide
     TRIGGER: tl.constexpr,  # let the next kernel (a dependent launch) start once all have begun
     LORA_B_AHEAD: tl.constexpr,  # LoRA: B tiles of the block's lowest/highest slot before the loop
+    PERSISTENT: tl.constexpr,  # aligned, no tail tiles: each program loops over tiles (flattened)
 ):
     """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block,
     a TAIL_N-wide one, with pointer loads, for the last N tile of a full block).
@@ -427,6 +435,34 @@ def _moe_gemm_kernel(
     if TRIGGER:
         gdc_launch_dependents()
     pid = tl.program_id(0)
+    if PERSISTENT:
+        # persistent: program p of P walks tiles p, p + P, ... of the live blocks (grouped as
+        # below); the tile loop and the K loop are flattened into one pipelined loop, so the
+        # next tile's loads are in flight during this tile's epilogue
+        n_tiles_n = tl.cdiv(N, BLOCK_N)
+        live_m = tl.load(num_padded_ptr) // BLOCK_M
+        tiles_in_group = GROUP_M * n_tiles_n
+        for tile in tl.range(pid, live_m * n_tiles_n, tl.num_programs(0), flatten=True):
+            first_m = (tile // tiles_in_group) * GROUP_M
+            size_m = min(live_m - first_m, GROUP_M)
+            tile_m = first_m + ((tile % tiles_in_group) % size_m)
+            pairs_p, expert_p, _, row0_p = block_pairs(
+                tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
+                topk_ids_ptr, numel, num_experts, BLOCK_M, False,
+            )  # fmt: skip
+            _moe_tile(
+                pairs_p, expert_p, row0_p, (tile % tiles_in_group) // size_m * BLOCK_N,
+                a_ptr, b_ptr, c_ptr, a_desc, b_desc,
+                bias_ptr, topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
+                N, K, numel, num_slots, lora_rank,
+                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
+                stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
+                LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
+                BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
+            )  # fmt: skip
+        return
     if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
         if pid == 0:
             offs_cnt = tl.arange(0, ZERO_CNT)
@@ -775,6 +811,10 @@ def fused_moe_triton(
     bm = cfg.block_m
     if naive is None:
         naive = numel * 4 <= e
+    # persistent GEMMs (config.persistent: one program per SM walks the tiles) for aligned
+    # batches without LoRA (with LoRA the expand's loop keeps the tile loop from being
+    # flattened: H200 3-27% slower)
+    persist = PERSISTENT_GEMMS and cfg.persistent and not naive and lora is None
     if naive:
         num_blocks = numel
         sorted_ids = expert_ids = num_padded = block_rows = topk_ids  # unused placeholders
@@ -871,7 +911,7 @@ def fused_moe_triton(
         x, w13, act_out, None, b1_desc, w13_bias, u13, lb13, g1,
         A_ROW_DIV=k, A_SORTED=False, C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
-        ONE_DOT=one_dot1, SUM_K=0,
+        ONE_DOT=one_dot1, SUM_K=0, PERSISTENT=persist,
         ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0,
         PDL=pdl and (not naive or has_lora), PDL_LATE=pdl and has_lora, TRIGGER=trigger1,
         LORA_B_AHEAD=b_ahead, **common,
@@ -900,7 +940,7 @@ def fused_moe_triton(
         act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, g2,
         A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
-        ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, PDL=pdl,
+        ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, PDL=pdl, PERSISTENT=persist,
         PDL_LATE=pdl and has_lora, TRIGGER=False, LORA_B_AHEAD=b_ahead, **common,
     )  # fmt: skip
     if direct or fused_sum:
@@ -943,7 +983,10 @@ def _launch_gemm(
     sum_out, cnt, num_tokens, n_cnt, stride_st, stride_cnt_t, cnt_step = sum_args or (
         c, route[1], 0, 0, 0, 0, 0,
     )  # fmt: skip
-    _moe_gemm_kernel[(num_blocks * triton.cdiv(n, g.block_n),)](
+    tiles = num_blocks * triton.cdiv(n, g.block_n)
+    persist = constexprs["PERSISTENT"]
+    grid = min(tiles, sm_count(a.device)) if persist else tiles
+    _moe_gemm_kernel[(grid,)](
         a, w, c, a_desc, b_desc, bias if bias is not None else a, *route, u, lb, lmap, len_,
         sum_out, cnt, n, k_dim, numel, num_experts, num_blocks, slots, rank, num_tokens, n_cnt,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
@@ -953,7 +996,7 @@ def _launch_gemm(
         A_TMA=a_desc is not None, B_TMA=b_desc is not None, HAS_BIAS=bias is not None,
         EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
-        TAIL_N=_narrow_tail(n, g.block_n),
+        TAIL_N=0 if persist else _narrow_tail(n, g.block_n),
         num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=constexprs["PDL"],
         **constexprs,
     )  # fmt: skip

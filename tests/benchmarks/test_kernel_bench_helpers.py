@@ -68,6 +68,23 @@ def test_compare_variants_flip_the_trigger_only_where_dependent_launches_are_on(
     assert prefill["pdl"].pdl and prefill["pdl"].trigger is None
 
 
+def test_compare_variants_switch_persistent_gemms():
+    """A persistent shipped entry (H200 Qwen3 T=4096) is offered with one program per tile and
+    the default tail tiles; a per-tile entry (T=1024) is offered persistent, without tails."""
+    import compare_configs
+
+    prefill = compare_configs.variants(SHAPES["qwen3-30b-a3b"], 4096, "NVIDIA H200")
+    assert prefill["shipped"].persistent and prefill["shipped"].tail_m == 0
+    back = prefill["not_persistent"]
+    assert not back.persistent and back.tail_m == 64
+    assert not prefill["plain"].persistent and prefill["plain"].tail_m == 0
+    assert "persistent" not in prefill
+    mid = compare_configs.variants(SHAPES["qwen3-30b-a3b"], 1024, "NVIDIA H200")
+    assert not mid["shipped"].persistent and mid["shipped"].tail_m == 64
+    assert mid["persistent"].persistent and mid["persistent"].tail_m == 0
+    assert "not_persistent" not in mid
+
+
 def test_decode_search_varies_stages_with_the_trigger_for_decode_batches_only():
     """Decode (one pair per block, dependent launches): the trigger forced on with GEMM 1 one
     stage shallower or not and GEMM 2 zero to two, never below 2; nothing for prefill."""
@@ -129,7 +146,8 @@ def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_pat
 
 def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_path, capsys):
     """A tuning run replaces the entries of the token counts it tuned, keeps the others (the
-    hand-found decode entries), sorts them, and says which replaced entries had a trigger."""
+    hand-found decode entries), sorts them, and says which replaced entries had a trigger or
+    persistent GEMMs (both chosen by whole-layer comparisons the tuner cannot make)."""
     import json
     import shutil
 
@@ -142,12 +160,15 @@ def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_pa
     before = json.loads((tmp_path / name).read_text())["configs"]
     entry = {"block_m": 16, "gemm1": {"block_n": 32, "block_k": 64},
              "gemm2": {"block_n": 32, "block_k": 64}}  # fmt: skip
-    tune_triton.write_config_file(SHAPES["qwen3-30b-a3b"], {"1": entry, "16": entry},
+    assert before["8192"].get("persistent") is True  # the shipped file's prefill entry
+    tune_triton.write_config_file(SHAPES["qwen3-30b-a3b"],
+                                  {"1": entry, "16": entry, "8192": entry},
                                   "NVIDIA H200", "3.6.0", str(tmp_path))  # fmt: skip
     after = json.loads((tmp_path / name).read_text())["configs"]
-    assert after["1"] == entry and after["16"] == entry
+    assert after["1"] == entry and after["16"] == entry and after["8192"] == entry
     assert {k: after[k] for k in ("2", "4", "6")} == {k: before[k] for k in ("2", "4", "6")}
     assert list(after) == sorted(after, key=int)
     out = capsys.readouterr().out
     assert "kept entries ['2', '4', '6', '64'" in out
     assert "entries ['1'] lose their trigger" in out
+    assert "entries ['8192'] lose their persistent; re-run compare_configs.py --variants" in out

@@ -147,15 +147,16 @@ def record_launches(
     rewrite: Callable[[dict], dict] | None = None,
 ) -> list[tuple[str, dict]]:  # fmt: skip
     """Replace the Triton kernel ``module.attr`` by a recorder for this test: each launch
-    appends ``(attr, kwargs)`` to ``log`` (a new list when None, returned) and runs the kernel,
-    with its keyword arguments passed through ``rewrite`` when given."""
+    appends ``(attr, kwargs)`` to ``log`` (a new list when None, returned; the launch grid is
+    kwargs ``"_grid"``) and runs the kernel, with its keyword arguments passed through
+    ``rewrite`` when given."""
     launches: list[tuple[str, dict]] = [] if log is None else log
     kernel = getattr(module, attr)
 
     class Recorder:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                launches.append((attr, dict(kwargs)))
+                launches.append((attr, {**kwargs, "_grid": grid}))
                 return kernel[grid](*args, **(rewrite(kwargs) if rewrite else kwargs))
 
             return launch

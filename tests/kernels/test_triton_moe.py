@@ -657,3 +657,108 @@ def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypa
     assert rel_err(narrow, wide.double()) < tol
     assert rel_err(narrow_lora, wide_lora.double()) < tol
     assert rel_err(narrow, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+
+
+# ---------------------------------------------------------------- persistent GEMMs
+
+#: Persistent GEMMs on small tiles: off the GPU a "device" has 4 SMs, so 4 programs each walk
+#: many tiles (N tiles of both GEMMs, blocks of several experts, empty ones skipped).
+PERSISTENT_TILES = tc.MoEConfig(
+    32, tc.GemmConfig(16, 32, 2, 4, 2, tma=True), tc.GemmConfig(32, 16, 3, 4, 2, tma=True),
+    persistent=True,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("act", "gated", "tiles", "routing", "on_input"),
+    [
+        ("silu", True, PERSISTENT_TILES, "uniform", False),  # one-dot gated through TMA
+        ("gelu", True, dataclasses.replace(
+            PERSISTENT_TILES, gemm1=tc.GemmConfig(16, 32, 2, 4, 2)), "skewed", False),  # two-dot
+        ("relu2", False, PERSISTENT_TILES, "subset", True),  # idle experts, weight on input
+    ],
+    ids=["one-dot-tma", "two-dot-skewed", "nongated-idle-experts"],
+)  # fmt: skip
+def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing, on_input,
+                                                     device, monkeypatch):  # fmt: skip
+    """Persistent GEMMs (one program per SM walking the tiles) compute what one program per
+    tile computes, bit for bit in fp32 off the GPU, and match the reference."""
+    from moe_policy.experts import triton_moe
+    from moe_policy.experts.base import sm_count
+
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(8, 72, 40, 3, act, gated=gated, has_bias=True,
+                        apply_router_weight_on_input=on_input)  # fmt: skip
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    t = 2000 if ON_GPU else 90  # more tiles than SMs either way
+    x = make_x(t, 72, dtype, device)
+    tw, ti = make_routing(t, 8, 3, device, kind=routing, seed=5)
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+
+    def run(c):
+        return fused_moe_triton(
+            x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
+            w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
+            apply_router_weight_on_input=on_input, config=c,
+        )  # fmt: skip
+
+    persistent = run(tiles)
+    per_tile = run(dataclasses.replace(tiles, persistent=False))
+    sms = sm_count(x.device)
+    assert [kw["PERSISTENT"] for _, kw in gemms] == [True, True, False, False]
+    assert all(kw["_grid"][0] > sms for _, kw in gemms[2:])  # one program per tile
+    assert [kw["_grid"] for _, kw in gemms[:2]] == [(sms,), (sms,)]  # one per SM
+    if ON_GPU:
+        assert rel_err(persistent, per_tile.double()) < 1e-3
+    else:
+        assert torch.equal(persistent, per_tile)
+    assert rel_err(persistent, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+
+
+def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatch):
+    """Decode batches (one pair per block) and LoRA calls launch one program per tile even
+    when the config asks for persistent GEMMs; the module switch turns it off everywhere."""
+    from moe_cases import lora_mapping, make_lora
+
+    from moe_policy.experts import triton_moe
+    from moe_policy.experts.lora import MoELoRAContext
+
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(8, 64, 32, 2, "silu")
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
+    ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+
+    def run(t, lora=False, naive=None):
+        x = make_x(t, 64, dtype, device)
+        tw, ti = make_routing(t, 8, 2, device, seed=6)
+        ctx = MoELoRAContext(ad, lora_mapping(t, "round_robin", 2, device)) if lora else None
+        out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=PERSISTENT_TILES,
+                               lora=ctx, naive=naive)  # fmt: skip
+        ref = _reference(cfg, wts, x, tw, ti) if not lora else None
+        assert ref is None or rel_err(out, ref) < REL_TOL[dtype]
+        launched = [kw["PERSISTENT"] for _, kw in gemms]
+        gemms.clear()
+        return launched
+
+    assert run(40) == [True, True]
+    assert run(2, naive=True) == [False, False]
+    assert run(40, lora=True) == [False, False]
+    monkeypatch.setattr(triton_moe, "PERSISTENT_GEMMS", False)
+    assert run(40) == [False, False]
+
+
+def test_config_persistent_round_trips_and_validates():
+    """persistent survives the JSON form, is left out when off, refuses a non-boolean and
+    refuses tail tiles, which the persistent loop does not run."""
+    assert tc.MoEConfig.from_dict(PERSISTENT_TILES.to_dict()) == PERSISTENT_TILES
+    assert PERSISTENT_TILES.to_dict()["persistent"] is True
+    assert "persistent" not in dataclasses.replace(PERSISTENT_TILES, persistent=False).to_dict()
+    with pytest.raises(ValueError, match="persistent must be true or false, got 'on'"):
+        tc.MoEConfig.from_dict({**PERSISTENT_TILES.to_dict(), "persistent": "on"})
+    with pytest.raises(ValueError, match="persistent GEMMs run no tail tiles: set tail_m to 0"):
+        dataclasses.replace(PERSISTENT_TILES, tail_m=16)
