@@ -9,10 +9,12 @@ against the shipped config's output before it is timed.
     python benchmarks/compare_configs.py --shapes qwen3-30b-a3b --tokens 4096 8192
 
 Decode entries (``--decode-search``): the trigger with shallower pipelines, whole-layer timed;
-the winners go to ``compare_best.json``, which ``--write-best`` merges into the tuned files
-here (the GPU machine cannot return file names with '=' or ',').
+``--decode-tiles``: each GEMM's tile (N, K, stages) with the other as shipped, the trigger on
+and off. The winners go to ``compare_best.json``, which ``--write-best`` merges into the tuned
+files here (the GPU machine cannot return file names with '=' or ',').
 
     python benchmarks/compare_configs.py --decode-search --shapes gpt-oss-20b --tokens 1 2 4
+    python benchmarks/compare_configs.py --decode-tiles --shapes qwen3-30b-a3b --tokens 1
     python benchmarks/compare_configs.py --write-best compare_best.json
 """
 
@@ -33,7 +35,9 @@ from _bench_util import SHAPES, MoEShape, lower_bound_us, measure_ceilings, time
 from tune_triton import _call, _inputs, _layer
 
 from moe_policy.experts.triton_config import (
+    _SMEM_LIMIT,
     MoEConfig,
+    _smem_bytes,
     default_tail_m,
     get_config,
     heuristic_config,
@@ -90,6 +94,41 @@ def decode_search(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
             )  # fmt: skip
             if cfg != base:
                 out[f"trig_g1s{s1 - d1}_g2s{s2 - d2}"] = cfg
+    return out
+
+
+#: Decode tile search: N tile, K tile and pipeline depth of one GEMM (the other kept).
+_DECODE_TILES = [(bn, bk, st) for bn in (16, 32, 64, 128) for bk in (128, 256)
+                 for st in (2, 3, 4)]  # fmt: skip
+
+
+def decode_tile_search(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
+    """The shipped config and, for a decode batch (one pair per block), every other tile of
+    one GEMM (``_DECODE_TILES``, within the shared-memory budget) with the other GEMM as
+    shipped, with the decode trigger on and off where dependent launches are: a coordinate
+    search the tuner cannot make, since it times the GEMMs apart (their overlap at decode is
+    what the trigger and the tile sizes trade)."""
+    base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
+                      device)  # fmt: skip
+    out = {"shipped": base}
+    if t * shape.top_k * 4 > shape.num_experts:
+        return out
+    triggers = (True, False) if base.pdl else (None,)
+    b_tiles = {"gemm1": 2 if shape.gated else 1, "gemm2": 1}
+    limits = {"gemm1": (shape.inter, shape.hidden), "gemm2": (shape.hidden, shape.inter)}
+    for gemm in ("gemm1", "gemm2"):
+        n, k = limits[gemm]
+        for bn, bk, st in _DECODE_TILES:
+            if bn > n or bk > k:
+                continue
+            g = replace(getattr(base, gemm), block_n=bn, block_k=bk, num_stages=st)
+            if _smem_bytes(base.block_m, g, b_tiles[gemm]) > _SMEM_LIMIT:
+                continue
+            for trig in triggers:
+                cfg = replace(base, **{gemm: g}, trigger=trig)
+                if cfg != base:
+                    tag = "" if trig is None else ("_trig" if trig else "_notrig")
+                    out[f"{gemm[0]}{gemm[-1]}_n{bn}_k{bk}_s{st}{tag}"] = cfg
     return out
 
 
@@ -185,6 +224,9 @@ def main() -> None:
     p.add_argument("--decode-search", action="store_true",
                    help="time decode_search's variants instead; write compare_best.json with "
                         "the winners (see --min-gain)")  # fmt: skip
+    p.add_argument("--decode-tiles", action="store_true",
+                   help="time decode_tile_search's variants instead; compare_best.json as with "
+                        "--decode-search")  # fmt: skip
     p.add_argument(
         "--min-gain",
         type=float,
@@ -210,7 +252,10 @@ def main() -> None:
 
     start = time.time()
     device = torch.cuda.get_device_name()
-    make = decode_search if args.decode_search else variants
+    make = (
+        decode_tile_search if args.decode_tiles
+        else decode_search if args.decode_search else variants
+    )  # fmt: skip
     plan = {(s, t): make(SHAPES[s], t, device) for s in args.shapes for t in args.tokens}
     plan = {st: vs for st, vs in plan.items() if len(vs) > 1}  # nothing to compare otherwise
     if args.variants:
@@ -265,7 +310,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compare_configs.json"), "w") as f:
         json.dump({"device": device, "ceilings": ceil, "rows": rows}, f, indent=1)
-    if args.decode_search:
+    if args.decode_search or args.decode_tiles:
         best = best_entries(rows, args.min_gain)
         for key, entry in best.items():
             print(f"# best {key}: {entry['variant']} ({entry['r']:.3f} of shipped)")

@@ -103,6 +103,36 @@ def test_decode_search_varies_stages_with_the_trigger_for_decode_batches_only():
     ]
 
 
+def test_decode_tile_search_varies_one_gemm_tile_at_a_time_within_shared_memory():
+    """Decode: each variant changes one GEMM's tile (the other as shipped), names say which,
+    the trigger is flipped both ways where dependent launches are on, tiles over the
+    shared-memory budget or wider than the GEMM are left out; nothing for prefill."""
+    import compare_configs
+
+    from moe_policy.experts.triton_config import _SMEM_LIMIT, _smem_bytes
+
+    shape = SHAPES["qwen3-30b-a3b"]  # gated, H=2048, I=768
+    found = compare_configs.decode_tile_search(shape, 1, "NVIDIA H200")
+    base = found.pop("shipped")
+    assert base.pdl and found
+    for name, cfg in found.items():
+        gemm, n, k, st, trig = name.split("_")
+        changed, kept = ("gemm1", "gemm2") if gemm == "g1" else ("gemm2", "gemm1")
+        g = getattr(cfg, changed)
+        assert getattr(cfg, kept) == getattr(base, kept)
+        assert (f"n{g.block_n}", f"k{g.block_k}", f"s{g.num_stages}") == (n, k, st)
+        assert cfg.trigger is (trig == "trig")
+        assert _smem_bytes(base.block_m, g, 2 if changed == "gemm1" else 1) <= _SMEM_LIMIT
+        assert g.block_n <= (shape.inter if changed == "gemm1" else shape.hidden)
+    on = {n.rsplit("_", 1)[0] for n in found if n.endswith("_trig")}
+    off = {n.rsplit("_", 1)[0] for n in found if n.endswith("_notrig")}
+    # the shipped tiles with the shipped trigger (on) are "shipped" itself
+    shipped_tiles = {f"g{i}_n{g.block_n}_k{g.block_k}_s{g.num_stages}"
+                     for i, g in ((1, base.gemm1), (2, base.gemm2))}  # fmt: skip
+    assert base.trigger is True and off - on == shipped_tiles and on <= off
+    assert list(compare_configs.decode_tile_search(shape, 1024, "NVIDIA H200")) == ["shipped"]
+
+
 def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_path):
     """Per point the fastest variant wins if it beats shipped by more than the margin; the
     merge writes it as that point's entry of the shape's tuned file, and refuses a shape
