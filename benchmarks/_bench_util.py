@@ -193,8 +193,19 @@ def time_eager_us(calls: Sequence[Callable[[], Any]], reps: int = 20) -> dict[st
     }
 
 
+#: PyTorch's CUDA caching allocator hands out blocks of whole multiples of 512 bytes, and
+#: ``max_memory_allocated`` counts those blocks.
+ALLOC_GRANULE = 512
+
+
+def alloc_block(nbytes: int) -> int:
+    """Bytes the caching allocator charges for a tensor of ``nbytes``."""
+    return -(-nbytes // ALLOC_GRANULE) * ALLOC_GRANULE
+
+
 def peak_extra_bytes(fn: Callable[[], Any]) -> int:
-    """Peak memory of one call beyond what was allocated before it and the tensor it returns."""
+    """Peak memory of one call beyond what was allocated before it and the tensor it returns
+    (the returned tensor's allocator block: all counts are in the allocator's blocks)."""
     import torch
 
     torch.cuda.synchronize()
@@ -203,7 +214,7 @@ def peak_extra_bytes(fn: Callable[[], Any]) -> int:
     out = fn()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    out_bytes = out.numel() * out.element_size() if out is not None else 0
+    out_bytes = alloc_block(out.numel() * out.element_size()) if out is not None else 0
     return int(peak - before - out_bytes)
 
 

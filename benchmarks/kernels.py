@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_util import (
     SHAPES,
     MoEShape,
+    alloc_block,
     layer_bytes,
     layer_flops,
     lower_bound_us,
@@ -246,11 +247,14 @@ def make_case(
 
 
 def mem_limit_bytes(shape: MoEShape, t: int, lora: bool) -> int:
-    """Issue 4's budget: T*k*max(N1, H) + T*k*I bf16 (+ T*k*R*(S+1) fp32 with LoRA)."""
+    """Issue 4's budget: a T*k*max(N1, H) and a T*k*I bf16 buffer (+ T*k*R*(S+1) fp32 with
+    LoRA), each as the allocator's block (``alloc_block``), the unit the peak is counted in."""
     pairs = t * shape.top_k
-    lim = pairs * max(shape.n1, shape.hidden) * 2 + pairs * shape.inter * 2
+    lim = alloc_block(pairs * max(shape.n1, shape.hidden) * 2) + alloc_block(
+        pairs * shape.inter * 2
+    )
     if lora:
-        lim += pairs * LORA_RANK * ((2 if shape.gated else 1) + 1) * 4
+        lim += alloc_block(pairs * LORA_RANK * ((2 if shape.gated else 1) + 1) * 4)
     return lim
 
 

@@ -54,6 +54,21 @@ def test_lower_bound_is_memory_at_decode_and_compute_at_prefill():
     assert abs(prefill - layer_flops(q, 8192) / 800e12 * 1e6) < 1e-6
 
 
+def test_memory_budget_is_counted_in_allocator_blocks():
+    """The budget is two bf16 buffers (plus the LoRA fp32 one), each as the caching
+    allocator's 512-byte-multiple block, the unit max_memory_allocated counts in."""
+    from _bench_util import alloc_block
+
+    assert [alloc_block(n) for n in (0, 1, 512, 513, 32256)] == [0, 512, 512, 1024, 32256]
+    nemo = SHAPES["nemotron3-nano"]  # k=6, non-gated N1=I=1856, H=2688
+    # T=1: 6*2688*2 = 32256 (a whole block), 6*1856*2 = 22272 -> 22528
+    assert kernels.mem_limit_bytes(nemo, 1, lora=False) == 32256 + 22528
+    # LoRA: 6*16*(1+1)*4 = 768 fp32 bytes -> 1024
+    assert kernels.mem_limit_bytes(nemo, 1, lora=True) == 32256 + 22528 + 1024
+    big = kernels.mem_limit_bytes(nemo, 8192, lora=False)
+    assert big == 8192 * 6 * (2688 + 1856) * 2  # multiples of 512 already
+
+
 def test_compare_variants_flip_the_trigger_only_where_dependent_launches_are_on():
     """compare_configs offers the decode trigger flipped where the config launches dependents
     (the shipped H200 Qwen3 T=1 entry sets it: "no_trigger"), and not for prefill configs."""
