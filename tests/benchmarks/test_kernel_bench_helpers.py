@@ -149,9 +149,9 @@ def test_decode_tile_search_varies_one_gemm_tile_at_a_time_within_shared_memory(
 
 
 def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_path):
-    """Per point the fastest variant wins if it beats shipped by more than the margin; the
-    merge writes it as that point's entry of the shape's tuned file, and refuses a shape
-    without one."""
+    """Per point the fastest variant wins if it beats shipped by more than the margin and its
+    output agrees with shipped's (a faster wrong or NaN result never wins); the merge writes
+    it as that point's entry of the shape's tuned file, and refuses a shape without one."""
     import json
 
     import compare_configs
@@ -165,6 +165,10 @@ def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_pat
         {"shape": "qwen3-30b-a3b", "T": 3, "variant": "b", "vs_shipped": 0.95, "config": {
             "block_m": 16, "gemm1": {"block_n": 64, "block_k": 64},
             "gemm2": {"block_n": 64, "block_k": 64}, "pdl": True, "trigger": True}},
+        {"shape": "qwen3-30b-a3b", "T": 3, "variant": "wrong", "vs_shipped": 0.5,
+         "rel_diff": 0.3, "config": {}},
+        {"shape": "qwen3-30b-a3b", "T": 3, "variant": "nan", "vs_shipped": 0.5,
+         "rel_diff": float("nan"), "config": {}},
         {"shape": "qwen3-30b-a3b", "T": 1, "variant": "c", "vs_shipped": 0.99, "config": {}},
         {"shape": "qwen3-30b-a3b", "T": 2, "variant": "d", "error": "did not compile"},
     ]  # fmt: skip
