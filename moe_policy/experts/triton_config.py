@@ -57,10 +57,11 @@ class MoEConfig:
 
     ``persistent`` (aligned batches without LoRA): both GEMMs launch one program per SM, each
     walking its share of the tiles in one flattened, pipelined loop, so a tile's epilogue
-    overlaps the next tile's loads. No tail tiles there (``tail_m`` must be 0). Tuned files set
-    it where a whole-layer comparison says so (H200: Qwen3-30B-A3B T=4096/8192 -4/-7%,
-    Mixtral T>=1024 -3 to -5%; Nemotron +1-2%, gpt-oss T=8192 +16%, with LoRA +3 to +27%);
-    decode batches and LoRA calls ignore it.
+    overlaps the next tile's loads. No tail tiles there (``tail_m`` must be 0), nor narrow last
+    N tiles. Tuned files set it where a whole-layer comparison says so (H200: Qwen3-30B-A3B
+    T=2048-8192 -2 to -8%, Mixtral T>=1024 -3 to -5%; Nemotron +1-2%, gpt-oss T=8192 +16%,
+    with LoRA +3 to +27%), the heuristic where ``default_persistent`` says; decode batches and
+    LoRA calls ignore it.
     """
 
     block_m: int
@@ -200,10 +201,21 @@ def heuristic_config(
                  block_k=_pow2_at_most(hidden, g1.block_k), tma=True)  # fmt: skip
     g2 = replace(g2, block_n=_pow2_at_most(hidden, g2.block_n),
                  block_k=_pow2_at_most(inter, g2.block_k), tma=True)  # fmt: skip
+    persistent = default_persistent(block_m, inter, hidden, g1.block_n, g2.block_n)
     return MoEConfig(
         block_m, _fit_stages(block_m, g1, b1), _fit_stages(block_m, g2, 1),
-        tail_m=default_tail_m(block_m), pdl=default_pdl(num_tokens, num_experts, top_k),
+        tail_m=0 if persistent else default_tail_m(block_m),
+        pdl=default_pdl(num_tokens, num_experts, top_k), persistent=persistent,
     )  # fmt: skip
+
+
+def default_persistent(block_m: int, inter: int, hidden: int, bn1: int, bn2: int) -> bool:
+    """Persistent GEMMs for 128-row prefill tiles whose N tiles divide I and H, since the
+    persistent loop runs neither tail tiles nor narrow last N tiles (whole-layer H200
+    comparisons, 2026-11-29, on the tiles this heuristic gives: Qwen3-30B-A3B T=2048-8192
+    -2 to -8 %, Mixtral T=1024-8192 -2 to -5 %; Nemotron (N = 1856, 2688: narrow last tiles)
+    +1-3 %, gpt-oss-20b (N = 2880) +4 % at T=1024)."""
+    return block_m == 128 and inter % bn1 == 0 and hidden % bn2 == 0
 
 
 def normalize_device_name(name: str) -> str:

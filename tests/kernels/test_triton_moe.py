@@ -422,9 +422,15 @@ def test_heuristic_configs_are_sane(t, e, k, h, i, gated):
             assert v >= 16 and v & (v - 1) == 0
         assert tc._smem_bytes(c.block_m, g, b_tiles) <= tc._SMEM_LIMIT
     if t * k / e > 128:
-        assert c.block_m == 128 and c.tail_m == 64  # half-height tiles for last blocks
+        assert c.block_m == 128
+        # persistent GEMMs where the N tiles divide I and H (Qwen3, Mixtral), else half-height
+        # tiles for the experts' last blocks (Nemotron: N = 1856 and 2688 leave narrow tiles)
+        divides = i % c.gemm1.block_n == 0 and h % c.gemm2.block_n == 0
+        assert c.persistent is divides
+        assert divides is ((e, i) != (128, 1856))
+        assert c.tail_m == (0 if divides else 64)
     else:
-        assert c.tail_m == 0
+        assert c.tail_m == 0 and not c.persistent
     if t == 1:
         assert c.block_m == 16
 
