@@ -59,7 +59,7 @@ class MoEConfig:
     walking its share of the tiles in one flattened, pipelined loop, so a tile's epilogue
     overlaps the next tile's loads. No tail tiles there (``tail_m`` must be 0), nor narrow last
     N tiles. Tuned files set it where a whole-layer comparison says so (H200: Qwen3-30B-A3B
-    T=2048-8192 -2 to -8%, Mixtral T>=1024 -3 to -5%; Nemotron +1-2%, gpt-oss T=8192 +16%,
+    T=2048-8192 -2 to -8%, Mixtral T>=1024 -2 to -5%; Nemotron +1-3%, gpt-oss T=8192 +16%,
     with LoRA +3 to +27%), the heuristic where ``default_persistent`` says; decode batches and
     LoRA calls ignore it.
     """
