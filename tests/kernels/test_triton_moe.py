@@ -724,6 +724,42 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
     assert rel_err(persistent, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in (matmul|multiply):RuntimeWarning")
+@pytest.mark.parametrize("case", ["k1", "some-invalid", "all-invalid"])
+def test_persistent_gemms_edge_routings(case, device):
+    """Persistent GEMMs with k = 1 (GEMM 2 writes the output), with pairs routed to experts
+    of another rank (-1, dropped by the alignment) and with no local pair at all (no live
+    block: every program's loop is empty) equal the per-tile kernels and the reference."""
+    dtype = dtypes_for_device()[-1]
+    k = 1 if case == "k1" else 2
+    cfg = ExpertsConfig(8, 64, 48, k, "silu", has_bias=True)
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    x = make_x(70, 64, dtype, device)
+    tw, ti = make_routing(70, 8, k, device, seed=9)
+    if case == "some-invalid":
+        ti[::3, 0] = -1
+    elif case == "all-invalid":
+        ti.fill_(-1)
+
+    def run(c):
+        return fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, w13_bias=conv["w13_bias"],
+                                w2_bias=conv["w2_bias"], config=c)  # fmt: skip
+
+    persistent = run(PERSISTENT_TILES)
+    per_tile = run(dataclasses.replace(PERSISTENT_TILES, persistent=False))
+    if ON_GPU:
+        assert rel_err(persistent, per_tile.double()) < 1e-3
+    else:
+        assert torch.equal(persistent, per_tile)
+    if case == "all-invalid":
+        assert not bool(persistent.any())
+    else:
+        assert rel_err(persistent, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+
+
 def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatch):
     """Decode batches (one pair per block) and LoRA calls launch one program per tile even
     when the config asks for persistent GEMMs; the module switch turns it off everywhere."""
