@@ -439,19 +439,15 @@ def _moe_gemm_kernel(
         # persistent: program p of P walks tiles p, p + P, ... of the live blocks (grouped as
         # below); the tile loop and the K loop are flattened into one pipelined loop, so the
         # next tile's loads are in flight during this tile's epilogue
-        n_tiles_n = tl.cdiv(N, BLOCK_N)
         live_m = tl.load(num_padded_ptr) // BLOCK_M
-        tiles_in_group = GROUP_M * n_tiles_n
-        for tile in tl.range(pid, live_m * n_tiles_n, tl.num_programs(0), flatten=True):
-            first_m = (tile // tiles_in_group) * GROUP_M
-            size_m = min(live_m - first_m, GROUP_M)
-            tile_m = first_m + ((tile % tiles_in_group) % size_m)
+        for tile in tl.range(pid, live_m * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=True):
+            tile_m, tile_n = _grouped_tile(tile, live_m, N, BLOCK_N, GROUP_M)
             pairs_p, expert_p, _, row0_p = block_pairs(
                 tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
                 topk_ids_ptr, numel, num_experts, BLOCK_M, False,
             )  # fmt: skip
             _moe_tile(
-                pairs_p, expert_p, row0_p, (tile % tiles_in_group) // size_m * BLOCK_N,
+                pairs_p, expert_p, row0_p, tile_n * BLOCK_N,
                 a_ptr, b_ptr, c_ptr, a_desc, b_desc,
                 bias_ptr, topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
                 N, K, numel, num_slots, lora_rank,
@@ -473,11 +469,7 @@ def _moe_gemm_kernel(
                     mask=offs_cnt < n_cnt,
                 )
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_blocks - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _grouped_tile(pid, num_blocks, N, BLOCK_N, GROUP_M)
     pairs, expert, live, row0 = block_pairs(
         pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, topk_ids_ptr,
         numel, num_experts, BLOCK_M, NAIVE,
@@ -543,6 +535,15 @@ def _moe_gemm_kernel(
             pid_m, pid_n, c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts,
             stride_cm, stride_cn, stride_st, stride_cnt_t, cnt_step, SUM_K, BLOCK_N,
         )  # fmt: skip
+
+
+@triton.jit
+def _grouped_tile(tile, num_m, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile -> (M block, N tile), GROUP_M blocks at a time, so that they share B tiles in L2."""
+    tiles_in_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+    first_m = (tile // tiles_in_group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    return first_m + ((tile % tiles_in_group) % size_m), (tile % tiles_in_group) // size_m
 
 
 @triton.jit
