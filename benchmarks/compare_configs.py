@@ -43,19 +43,24 @@ from moe_policy.experts.triton_config import (
     default_tail_m,
     get_config,
     heuristic_config,
+    is_decode_batch,
 )
+
+
+def _shipped(shape: MoEShape, t: int, device: str) -> MoEConfig:
+    """The config a layer of ``shape`` runs at ``t`` tokens on ``device`` (tuned or heuristic)."""
+    return get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
+                      device)  # fmt: skip
 
 
 def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
     """The shipped config and variants of it by name: one program per tile without tail tiles
-    ("plain"), with
-    tail tiles of a quarter and a half of BLOCK_M, with programmatic dependent launches
-    switched ("pdl" on, "no_pdl" off) and, where they are on, the decode trigger forced
-    ("trigger") or off ("no_trigger"), persistent GEMMs switched ("persistent" without tail
-    tiles, "not_persistent" with the default ones), and the heuristic config where a tuned
-    file differs."""
-    base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
-                      device)  # fmt: skip
+    ("plain"), with tail tiles of a quarter and a half of BLOCK_M, with programmatic dependent
+    launches switched ("pdl" on, "no_pdl" off) and, where they are on, the decode trigger
+    forced ("trigger") or off ("no_trigger"), persistent GEMMs switched ("persistent" without
+    tail tiles, "not_persistent" with the default ones), and the heuristic config where a
+    tuned file differs."""
+    base = _shipped(shape, t, device)
     plain = replace(base, tail_m=0, persistent=False)
     out = {"shipped": base, "plain": plain}
     for tail in (base.block_m // 4, base.block_m // 2):
@@ -80,10 +85,9 @@ def decode_search(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
     the trigger forced on with shallower pipelines: GEMM 1 one stage less and GEMM 2 one or two
     less (at least 2), so that GEMM 2's programs fit on an SM beside GEMM 1's. The tuner times
     kernels one at a time and cannot see that overlap; whole layers can."""
-    base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
-                      device)  # fmt: skip
+    base = _shipped(shape, t, device)
     out = {"shipped": base}
-    if not base.pdl or t * shape.top_k * 4 > shape.num_experts:
+    if not base.pdl or not is_decode_batch(t, shape.top_k, shape.num_experts):
         return out
     s1, s2 = base.gemm1.num_stages, base.gemm2.num_stages
     for d1 in (0, 1):
@@ -110,10 +114,9 @@ def decode_tile_search(shape: MoEShape, t: int, device: str) -> dict[str, MoECon
     shipped, with the decode trigger on and off where dependent launches are: a coordinate
     search the tuner cannot make, since it times the GEMMs apart (their overlap at decode is
     what the trigger and the tile sizes trade)."""
-    base = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
-                      device)  # fmt: skip
+    base = _shipped(shape, t, device)
     out = {"shipped": base}
-    if t * shape.top_k * 4 > shape.num_experts:
+    if not is_decode_batch(t, shape.top_k, shape.num_experts):
         return out
     triggers = (True, False) if base.pdl else (None,)
     b_tiles = {"gemm1": 2 if shape.gated else 1, "gemm2": 1}

@@ -151,11 +151,17 @@ def default_tail_m(block_m: int) -> int:
     return block_m // 2 if block_m >= 128 else 0
 
 
-def default_pdl(num_tokens: int, num_experts: int, top_k: int) -> bool:
-    """Dependent launches for decode batches (one pair per block, no alignment), whose kernels
-    last a few microseconds (whole-layer H200 comparison, 2026-11-29: T=1 0.2-0.9% faster,
-    larger T within 1%). LoRA calls use them at every size anyway (``triton_moe.LORA_PDL``)."""
+def is_decode_batch(num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """A batch the fused MoE runs with one (token, slot) pair per block and no alignment: at
+    most one pair per four experts."""
     return num_tokens * top_k * 4 <= num_experts
+
+
+def default_pdl(num_tokens: int, num_experts: int, top_k: int) -> bool:
+    """Dependent launches for decode batches (``is_decode_batch``), whose kernels last a few
+    microseconds (whole-layer H200 comparison, 2026-11-29: T=1 0.2-0.9% faster, larger T
+    within 1%). LoRA calls use them at every size anyway (``triton_moe.LORA_PDL``)."""
+    return is_decode_batch(num_tokens, top_k, num_experts)
 
 
 def heuristic_config(

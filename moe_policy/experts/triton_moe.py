@@ -71,7 +71,7 @@ from moe_policy.experts.base import (
     triton_runtime_available,
 )
 from moe_policy.experts.lora import MoELoRAContext
-from moe_policy.experts.triton_config import GemmConfig, MoEConfig, get_config
+from moe_policy.experts.triton_config import GemmConfig, MoEConfig, get_config, is_decode_batch
 from moe_policy.experts.triton_lora import (
     MAX_RANK,
     lora_b_ahead,
@@ -811,7 +811,7 @@ def fused_moe_triton(
     cfg = config or get_config(t, e, k, h, i, gated, _config_device_name(x.device))
     bm = cfg.block_m
     if naive is None:
-        naive = numel * 4 <= e
+        naive = is_decode_batch(t, k, e)
     # persistent GEMMs (config.persistent: one program per SM walks the tiles) for aligned
     # batches without LoRA (with LoRA the expand's loop keeps the tile loop from being
     # flattened: H200 3-27% slower)
