@@ -12,6 +12,7 @@ with the copy bandwidth and the bf16 matmul rate measured in the same run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from collections.abc import Callable, Sequence
@@ -108,6 +109,92 @@ def measure_ceilings(reps: int = 10) -> dict[str, float]:
     mm_tflops = 2 * m**3 / (matmul_ms(m) * 1e-3) / 1e12
     torch.cuda.empty_cache()
     return {"copy_tbps": copy_tbps, "matmul_tflops": mm_tflops}
+
+
+def _sustained_ms(fn: Callable[[], Any], seconds: float, per_replay: int = 10) -> float:
+    """Median ms of ``fn`` over the second half of ``seconds`` of back-to-back calls (CUDA-graph
+    replays of ``per_replay`` calls each): the rate once the board sits at its power limit."""
+    import time
+
+    graph = _capture_graph([fn] * per_replay)
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        times.append(_replays_us(graph, 1, per_replay) / 1e3)
+    del graph
+    return statistics.median(times[len(times) // 2 :])
+
+
+def measure_sustained_ceilings(seconds: float = 2.0) -> dict[str, float]:
+    """The ceilings of :func:`measure_ceilings` held for ``seconds`` each: an H200 at its
+    power limit lowers its SM clock under a long matmul load (1980 -> ~1300-1500 MHz measured,
+    2026-11-30), so long prefill layers see a lower matmul rate than a short burst does."""
+    import torch
+
+    def copy_ms(n: int) -> float:
+        src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        return _sustained_ms(lambda: dst.copy_(src), seconds)
+
+    def matmul_ms(m: int) -> float:
+        a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        return _sustained_ms(lambda: a @ b, seconds)
+
+    n, m = 1 << 28, 8192  # 512 MiB copied each way (10 per graph replay); 8192^3 products
+    out = {"copy_tbps": 2 * n * 2 / (copy_ms(n) * 1e-3) / 1e12,
+           "matmul_tflops": 2 * m**3 / (matmul_ms(m) * 1e-3) / 1e12}  # fmt: skip
+    torch.cuda.empty_cache()
+    return out
+
+
+#: NVML clock-event ("throttle") reason bits, as ``nvidia-smi`` reports them.
+THROTTLE_BITS = {
+    0x1: "idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+    0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
+}  # fmt: skip
+_GPU_FIELDS = ("clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "temperature.gpu",
+               "clocks_throttle_reasons.active")  # fmt: skip
+
+
+def throttle_reasons(mask: int) -> list[str]:
+    """Names of the set bits of an NVML clock-event mask (unknown bits as hex)."""
+    names = [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+    rest = mask & ~sum(THROTTLE_BITS)
+    return names + ([hex(rest)] if rest else [])
+
+
+def parse_gpu_state(line: str) -> dict[str, Any]:
+    """One ``nvidia-smi --query-gpu=<_GPU_FIELDS> --format=csv,noheader,nounits`` line ->
+    ``sm_mhz``, ``max_sm_mhz``, ``power_w``, ``power_limit_w``, ``temp_c``, ``throttle``;
+    fields the driver reports as unavailable are left out."""
+    keys = ("sm_mhz", "max_sm_mhz", "power_w", "power_limit_w", "temp_c")
+    parts = [p.strip() for p in line.strip().split(",")]
+    if len(parts) != len(_GPU_FIELDS):
+        raise ValueError(f"expected {len(_GPU_FIELDS)} fields from nvidia-smi, got {line!r}")
+    out: dict[str, Any] = {}
+    for key, val in zip(keys, parts, strict=False):
+        try:
+            out[key] = float(val)
+        except ValueError:
+            continue  # "[N/A]", "[Not Supported]"
+    with contextlib.suppress(ValueError):  # "[N/A]"
+        out["throttle"] = throttle_reasons(int(parts[-1], 16))
+    return out
+
+
+def gpu_state(index: int = 0) -> dict[str, Any]:
+    """SM clock, power and clock-event reasons of GPU ``index`` now (empty without nvidia-smi):
+    sampled right after a timing, it says whether the board was power- or heat-limited."""
+    import subprocess
+
+    cmd = ["nvidia-smi", f"--id={index}", f"--query-gpu={','.join(_GPU_FIELDS)}",
+           "--format=csv,noheader,nounits"]  # fmt: skip
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True)
+        return parse_gpu_state(res.stdout.splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {}
 
 
 def _capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:

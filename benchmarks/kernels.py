@@ -5,7 +5,9 @@ shapes and token counts with uniform routing. Each builder gets a :class:`Case` 
 callable per routing set; graph-capturable implementations are timed as CUDA-graph replays of
 all routing sets (several sets so that consecutive calls touch different experts), the others
 with events around eager calls. Ceilings (copy bandwidth, bf16 matmul rate) are re-measured
-first. Writes ``kernels.json`` and ``kernels.png`` to ``--out`` (default ``$OUT`` or ``.``).
+first, as a short burst and held for ``--sustained`` seconds (a power-limited board clocks down
+under long matmul loads; each row also records the board's clock, power and clock-event
+reasons right after its timing, and ``ratio_held``, its ratio at the held ceilings). Writes ``kernels.json`` and ``kernels.png`` to ``--out`` (default ``$OUT`` or ``.``).
 
 Add a backend: write ``def build_x(case) -> list[callable]`` and add
 ``IMPLEMENTATIONS["x"] = Impl(build_x)``.
@@ -31,10 +33,12 @@ from _bench_util import (
     SHAPES,
     MoEShape,
     alloc_block,
+    gpu_state,
     layer_bytes,
     layer_flops,
     lower_bound_us,
     measure_ceilings,
+    measure_sustained_ceilings,
     peak_extra_bytes,
     plot_ratios,
     time_eager_us,
@@ -301,6 +305,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"# ceilings: copy {ceil['copy_tbps']:.2f} TB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s",
         flush=True,
     )
+    held = None
+    if not args.warm and args.sustained > 0:
+        held = measure_sustained_ceilings(args.sustained)
+        print(f"# held {args.sustained:.0f}s each: copy {held['copy_tbps']:.2f} TB/s, bf16 matmul "
+              f"{held['matmul_tflops']:.0f} TFLOP/s ({gpu_state()})", flush=True)  # fmt: skip
     rows: list[dict[str, Any]] = []
     for sname in args.shapes:
         shape = SHAPES[sname]
@@ -336,6 +345,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     row["tbps"] = layer_bytes(shape, t) / (row["us"] * 1e-6) / 1e12
                     row["tflops"] = layer_flops(shape, t) / (row["us"] * 1e-6) / 1e12
                     row["ratio"] = row["us"] / bound
+                    row["gpu"] = gpu_state()  # the board's state at the end of the timing
+                    if held is not None:
+                        row["ratio_held"] = row["us"] / lower_bound_us(
+                            shape, t, held["copy_tbps"], held["matmul_tflops"]
+                        )
                     if (sname, t) in VLLM_RATIO:
                         row["vllm_ratio"] = VLLM_RATIO[(sname, t)]
                     if impl.baseline in base_us:
@@ -355,7 +369,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             del case
         del weights, adapters
         torch.cuda.empty_cache()
-    return {"info": info, "ceilings": ceil, "rows": rows}
+    out = {"info": info, "ceilings": ceil, "rows": rows}
+    if held is not None:
+        out["ceilings_held"] = held
+    return out
 
 
 def median_of_runs(payloads: list[dict[str, Any]]) -> dict[str, Any]:
@@ -382,8 +399,11 @@ def median_of_runs(payloads: list[dict[str, Any]]) -> dict[str, Any]:
             )
         rows.append(row)
     info = dict(first["info"], runs=len(payloads))
-    return {"info": info, "ceilings": first["ceilings"],
-            "ceilings_runs": [p["ceilings"] for p in payloads], "rows": rows}  # fmt: skip
+    out = {"info": info, "ceilings": first["ceilings"],
+           "ceilings_runs": [p["ceilings"] for p in payloads], "rows": rows}  # fmt: skip
+    if any("ceilings_held" in p for p in payloads):
+        out["ceilings_held_runs"] = [p.get("ceilings_held") for p in payloads]
+    return out
 
 
 def _print_row(r: dict[str, Any]) -> None:
@@ -394,11 +414,16 @@ def _print_row(r: dict[str, Any]) -> None:
     extra = r.get("overhead_vs_triton")
     vr = r.get("vllm_ratio")
     ks = " ".join(f"{n.split('_kernel')[0][-12:]}:{us:.1f}" for n, us in r.get("kernels", []))
+    held = r.get("ratio_held")
+    gpu = r.get("gpu", {})
+    state = f" {gpu['sm_mhz']:.0f}MHz" if "sm_mhz" in gpu else ""
+    state += " power-capped" if "sw_power_cap" in gpu.get("throttle", []) else ""
     print(
         f"{head} {r['us']:9.1f}us bound {r['bound_us']:8.1f} ratio {r['ratio']:5.2f}"
+        f"{'' if held is None else f' (held {held:.2f})'}"
         f"{'' if vr is None else f' (vllm {vr:.2f})'} {r['tbps']:5.2f}TB/s {r['tflops']:6.1f}TF"
         f" mem {r['extra_mem_bytes'] / 2**20:7.1f}/{r['mem_limit_bytes'] / 2**20:7.1f}MiB"
-        f"{'' if extra is None else f' lora x{extra:.3f}'} {ks}",
+        f"{'' if extra is None else f' lora x{extra:.3f}'}{state} {ks}",
         flush=True,
     )
 
@@ -415,6 +440,9 @@ def main() -> None:
     p.add_argument("--tag", default="kernels")
     p.add_argument("--warm", action="store_true", help="only compile/run once (parallel warm-up)")
     p.add_argument("--breakdown", action="store_true", help="per-kernel device times (profiler)")
+    p.add_argument("--sustained", type=float, default=2.0, metavar="S",
+                   help="also measure the ceilings held S seconds each (0: skip); rows get "
+                        "ratio_held, the ratio at those (power-limited) ceilings")  # fmt: skip
     p.add_argument("--runs", type=int, default=1,
                    help="whole sweeps; the JSON keeps each point's median-ratio run")  # fmt: skip
     args = p.parse_args()

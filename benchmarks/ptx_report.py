@@ -136,6 +136,14 @@ def memory_ops(ptx: str) -> Counter[str]:
     return Counter(_OPS.findall(ptx))
 
 
+def loop_count(ttgir: str) -> int:
+    """``scf.for`` loops in the TTGIR. A persistent GEMM whose tile loop flattened with its K
+    loop has two (the pipelined loop and the copy Triton keeps for an empty K loop); one whose
+    tile loop did not flatten has three or more (checked on sm_90a, Triton 3.9: an expand slot
+    loop with a runtime bound keeps the persistent LoRA GEMM at three)."""
+    return len(re.findall(r"\bscf\.for\b", ttgir))
+
+
 def scalar_global_loads(ops: Counter[str]) -> int:
     """Global loads narrower than a vector (``ld.global.b16``, ``.b32``, ``.u16`` ...)."""
     return sum(n for op, n in ops.items() if op.startswith("ld.global") and ".v" not in op)
@@ -175,7 +183,7 @@ def report(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     for name, k in kernels.items():
         regs, spill = ptxas_usage(k.asm["ptx"], args.arch)
         out[name] = {"ops": dict(memory_ops(k.asm["ptx"])), "registers": regs,
-                     "spill_bytes": spill}  # fmt: skip
+                     "spill_bytes": spill, "loops": loop_count(k.asm["ttgir"])}  # fmt: skip
     return out
 
 
@@ -203,7 +211,7 @@ def main() -> None:
     for name, r in rep.items():
         ops = Counter(r["ops"])
         print(f"{name}: {r['registers']} registers, {r['spill_bytes']} B spilled, "
-              f"{scalar_global_loads(ops)} scalar global loads")  # fmt: skip
+              f"{scalar_global_loads(ops)} scalar global loads, {r['loops']} loops")  # fmt: skip
         for op, n in sorted(ops.items()):
             print(f"  {n:4d}  {op}")
 

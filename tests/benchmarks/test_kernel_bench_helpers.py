@@ -221,3 +221,32 @@ def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_pa
     assert "kept entries ['2', '4', '6', '64'" in out
     assert "entries ['1'] lose their trigger" in out
     assert "entries ['8192'] lose their persistent; re-run compare_configs.py --variants" in out
+
+
+def test_gpu_state_line_is_parsed_with_clock_event_reasons():
+    """An nvidia-smi line gives clock, power and named clock-event reasons; unavailable fields
+    are left out, unknown bits kept as hex, and a line of the wrong shape is refused."""
+    from _bench_util import parse_gpu_state, throttle_reasons
+
+    got = parse_gpu_state("1350, 1980, 667.83, 700.00, 54, 0x0000000000000004\n")
+    assert got == {"sm_mhz": 1350.0, "max_sm_mhz": 1980.0, "power_w": 667.83,
+                   "power_limit_w": 700.0, "temp_c": 54.0, "throttle": ["sw_power_cap"]}  # fmt: skip
+    partial = parse_gpu_state("345, 1980, [N/A], [N/A], 36, [N/A]")
+    assert partial == {"sm_mhz": 345.0, "max_sm_mhz": 1980.0, "temp_c": 36.0}
+    assert throttle_reasons(0x1 | 0x20 | 0x4000) == ["idle", "sw_thermal", "0x4000"]
+    assert throttle_reasons(0) == []
+    with pytest.raises(ValueError, match="expected 6 fields"):
+        parse_gpu_state("1350, 1980")
+
+
+def test_gpu_state_without_nvidia_smi_is_empty(monkeypatch):
+    """No nvidia-smi (a CPU machine) or a failing one: no state, no exception."""
+    import subprocess
+
+    from _bench_util import gpu_state
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert gpu_state() == {}

@@ -83,3 +83,13 @@ def test_refuses_the_interpreter():
     out = subprocess.run([sys.executable, ptx_report.__file__], capture_output=True, text=True,
                          env=env, timeout=120)  # fmt: skip
     assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
+
+
+def test_persistent_gemms_flatten_their_tile_loop():
+    """A persistent GEMM's tile loop flattens with its K loop into one pipelined loop (two
+    ``scf.for`` in the TTGIR: that loop and Triton's copy for an empty K loop). A loop with a
+    runtime bound inside a tile (as the LoRA expand's slot loop) would make it three, and the
+    next tile's loads would no longer fly during the epilogue."""
+    rep = _report("--persistent")
+    assert {name: r["loops"] for name, r in rep.items()} == {"gemm1": 2, "gemm2": 2}
+    assert ptx_report.loop_count("scf.for %a = ...\n scf.for %b = ...\n scf.forall") == 2
