@@ -90,32 +90,11 @@ def _events_median_ms(fn: Callable[[], Any], reps: int, warmup: int = 3) -> floa
     return statistics.median(times)
 
 
-def measure_ceilings(reps: int = 10) -> dict[str, float]:
-    """Device-to-device copy bandwidth (TB/s, read + write) and bf16 8192^3 matmul rate (TFLOP/s)."""
-    import torch
-
-    def copy_ms(n: int) -> float:
-        src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        dst = torch.empty_like(src)
-        return _events_median_ms(lambda: dst.copy_(src), reps)
-
-    def matmul_ms(m: int) -> float:
-        a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-        return _events_median_ms(lambda: a @ b, reps)
-
-    n, m = 1 << 30, 8192  # 2 GiB copied each way; an 8192^3 product on random data
-    copy_tbps = 2 * n * 2 / (copy_ms(n) * 1e-3) / 1e12
-    mm_tflops = 2 * m**3 / (matmul_ms(m) * 1e-3) / 1e12
-    torch.cuda.empty_cache()
-    return {"copy_tbps": copy_tbps, "matmul_tflops": mm_tflops}
-
-
-def _sustained_ms(fn: Callable[[], Any], seconds: float, per_sample: int = 10) -> float:
+def _held_ms(fn: Callable[[], Any], seconds: float, per_sample: int = 10) -> float:
     """Median ms of ``fn`` over the second half of ``seconds`` of back-to-back eager calls
     (event-timed in samples of ``per_sample``): the rate once the board sits at its power
-    limit. Eager like :func:`measure_ceilings`: in a CUDA graph a device-to-device copy becomes
-    a memcpy node that the copy engines run (2.75 TB/s on the H200, not the SMs' 4.2)."""
+    limit. Eager, not graph-replayed: in a CUDA graph a device-to-device copy becomes a memcpy
+    node that the copy engines run (2.75 TB/s on the H200, not the SMs' 4.2)."""
     import time
 
     import torch
@@ -133,27 +112,32 @@ def _sustained_ms(fn: Callable[[], Any], seconds: float, per_sample: int = 10) -
     return statistics.median(times[len(times) // 2 :])
 
 
-def measure_sustained_ceilings(seconds: float = 2.0) -> dict[str, float]:
-    """The ceilings of :func:`measure_ceilings` held for ``seconds`` each: an H200 at its
-    power limit lowers its SM clock under a long matmul load (1980 -> ~1300-1500 MHz measured,
-    2026-11-30), so long prefill layers see a lower matmul rate than a short burst does."""
+def measure_ceilings(reps: int = 10, held_s: float = 0.0) -> dict[str, float]:
+    """Device-to-device copy bandwidth (TB/s, read + write) and bf16 8192^3 matmul rate
+    (TFLOP/s): medians of ``reps`` calls (a short burst), or with ``held_s`` > 0 of calls held
+    back to back for that many seconds each. An H200 at its power limit lowers its SM clock
+    under a long matmul load (1980 -> 1300-1500 MHz measured, 2026-11-30), so long prefill
+    layers see the held matmul rate, not the burst's."""
     import torch
+
+    def timed(fn: Callable[[], Any]) -> float:
+        return _held_ms(fn, held_s) if held_s > 0 else _events_median_ms(fn, reps)
 
     def copy_ms(n: int) -> float:
         src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         dst = torch.empty_like(src)
-        return _sustained_ms(lambda: dst.copy_(src), seconds)
+        return timed(lambda: dst.copy_(src))
 
     def matmul_ms(m: int) -> float:
         a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-        return _sustained_ms(lambda: a @ b, seconds)
+        return timed(lambda: a @ b)
 
-    n, m = 1 << 28, 8192  # 512 MiB copied each way; 8192^3 products
-    out = {"copy_tbps": 2 * n * 2 / (copy_ms(n) * 1e-3) / 1e12,
-           "matmul_tflops": 2 * m**3 / (matmul_ms(m) * 1e-3) / 1e12}  # fmt: skip
+    n, m = 1 << 30, 8192  # 2 GiB copied each way; an 8192^3 product on random data
+    copy_tbps = 2 * n * 2 / (copy_ms(n) * 1e-3) / 1e12
+    mm_tflops = 2 * m**3 / (matmul_ms(m) * 1e-3) / 1e12
     torch.cuda.empty_cache()
-    return out
+    return {"copy_tbps": copy_tbps, "matmul_tflops": mm_tflops}
 
 
 #: NVML clock-event ("throttle") reason bits, as ``nvidia-smi`` reports them.

@@ -38,7 +38,6 @@ from _bench_util import (
     layer_flops,
     lower_bound_us,
     measure_ceilings,
-    measure_sustained_ceilings,
     peak_extra_bytes,
     plot_ratios,
     time_eager_us,
@@ -307,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     held = None
     if not args.warm and args.sustained > 0:
-        held = measure_sustained_ceilings(args.sustained)
+        held = measure_ceilings(held_s=args.sustained)
         print(f"# held {args.sustained:.0f}s each: copy {held['copy_tbps']:.2f} TB/s, bf16 matmul "
               f"{held['matmul_tflops']:.0f} TFLOP/s ({gpu_state()})", flush=True)  # fmt: skip
     rows: list[dict[str, Any]] = []
