@@ -61,7 +61,8 @@ class MoEConfig:
     N tiles. Tuned files set it where a whole-layer comparison says so (H200: Qwen3-30B-A3B
     T=2048-8192 -2 to -8%, Mixtral T>=1024 -2 to -5%; Nemotron +1-3%, gpt-oss T=8192 +16%,
     with LoRA +3 to +27%), the heuristic where ``default_persistent`` says; decode batches and
-    LoRA calls ignore it.
+    LoRA calls ignore it and run the entry's tiles one program per tile, with the default tail
+    tiles (``default_tail_m``).
     """
 
     block_m: int

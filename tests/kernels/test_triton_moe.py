@@ -794,6 +794,44 @@ def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatc
     assert run(40) == [False, False]
 
 
+def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(device, monkeypatch):
+    """A persistent entry has no tail tiles (its loop cannot run them); run per tile, as with
+    LoRA or with the switch off, it takes the default tails of its block height."""
+    from moe_cases import lora_mapping, make_lora
+
+    from moe_policy.experts import triton_moe
+    from moe_policy.experts.lora import MoELoRAContext
+
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(4, 32, 32, 2, "silu")
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
+    tiles = tc.MoEConfig(128, tc.GemmConfig(16, 32, 2, 4, 2, tma=True),
+                         tc.GemmConfig(32, 32, 2, 4, 2, tma=True), persistent=True)  # fmt: skip
+    ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
+    t = 90  # two blocks per expert on average: full ones and short last ones
+    x = make_x(t, 32, dtype, device)
+    tw, ti = make_routing(t, 4, 2, device, seed=3)
+    ctx = MoELoRAContext(ad, lora_mapping(t, "round_robin", 2, device))
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+
+    def launched(lora=None):
+        out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=tiles, lora=lora)
+        got = [(kw["PERSISTENT"], kw["TAIL_M"]) for _, kw in gemms]
+        gemms.clear()
+        return out, got
+
+    base, got = launched()
+    assert got == [(True, 0)] * 2
+    assert rel_err(base, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+    assert launched(ctx)[1] == [(False, tc.default_tail_m(128))] * 2
+    monkeypatch.setattr(triton_moe, "PERSISTENT_GEMMS", False)
+    per_tile, got = launched()
+    assert got == [(False, 64)] * 2
+    tol = 1e-3 if ON_GPU else 1e-6
+    assert rel_err(per_tile, base.double()) < tol
+
+
 def test_config_persistent_round_trips_and_validates():
     """persistent survives the JSON form, is left out when off, refuses a non-boolean and
     refuses tail tiles, which the persistent loop does not run."""
