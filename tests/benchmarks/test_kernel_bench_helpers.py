@@ -193,6 +193,39 @@ def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_pat
         compare_configs.write_best(str(path), str(tmp_path))
 
 
+def test_best_entries_with_lora_need_a_win_on_one_layer_and_no_loss_on_the_other():
+    """--with-lora rows: a variant wins when one layer (base or LoRA) beats shipped by the
+    margin and the other loses at most the slack; among winners the lowest sum of the two
+    relative times; a variant whose LoRA timing is missing or disagrees gets no verdict."""
+    import compare_configs
+
+    def pair(t, name, base, lora, **lora_extra):
+        cfg = {"block_m": 16, "name": name}
+        return [{"shape": "s", "T": t, "variant": name, "lora": False, "vs_shipped": base,
+                 "config": cfg},
+                {"shape": "s", "T": t, "variant": name, "lora": True, "vs_shipped": lora,
+                 "config": cfg, **lora_extra}]  # fmt: skip
+
+    rows = [
+        *pair(1, "shipped", 1.0, 1.0),
+        *pair(1, "lora_only", 1.004, 0.95),  # LoRA -5%, base +0.4%: wins
+        *pair(1, "base_pays", 1.02, 0.90),  # LoRA -10% but base +2%: refused
+        *pair(1, "both", 0.97, 0.99),  # base -3%, LoRA -1%: sum 1.96 > lora_only's 1.954
+        *pair(2, "lora_costs", 0.95, 1.01),  # base -5% but LoRA +1%: refused
+        *pair(2, "lora_wrong", 0.90, 0.80, rel_diff=0.5),  # LoRA output disagrees: no verdict
+        *pair(3, "small", 0.99, 0.99),  # neither past the margin
+    ]
+    rows.append({"shape": "s", "T": 3, "variant": "base_only", "lora": False,
+                 "vs_shipped": 0.5, "config": {}})  # no LoRA timing at a LoRA point  # fmt: skip
+    best = compare_configs.best_entries(rows, 0.02)
+    assert list(best) == ["s/1"]
+    assert best["s/1"]["variant"] == "lora_only"
+    assert (best["s/1"]["r"], best["s/1"]["r_lora"]) == (1.004, 0.95)
+    assert best["s/1"]["config"] == {"block_m": 16, "name": "lora_only"}
+    # the slack is a parameter: at 0.03 the base cost of base_pays is tolerated (sum 1.92)
+    assert compare_configs.best_entries(rows, 0.02, slack=0.03)["s/1"]["variant"] == "base_pays"
+
+
 def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_path, capsys):
     """A tuning run replaces the entries of the token counts it tuned, keeps the others (the
     hand-found decode entries), sorts them, and says which replaced entries had a trigger or
