@@ -226,6 +226,74 @@ def test_best_entries_with_lora_need_a_win_on_one_layer_and_no_loss_on_the_other
     assert compare_configs.best_entries(rows, 0.02, slack=0.03)["s/1"]["variant"] == "base_pays"
 
 
+def test_compare_main_with_lora_times_both_layers_and_writes_the_winner(tmp_path, monkeypatch):
+    """compare_configs' main loop with the GPU parts faked: --with-lora times each variant's
+    base and LoRA layer under their own labels in one set of rounds, each relative to
+    shipped's layer of the same kind, and compare_best.json holds the variant that wins the
+    LoRA layer without costing the base one."""
+    import json
+    import multiprocessing
+    import sys
+
+    import compare_configs
+    import torch
+
+    # variant -> (base us, LoRA us) of the fake timing; "plain" wins LoRA, costs nothing
+    speed = {"shipped": (100.0, 130.0), "plain": (100.2, 120.0)}
+    speed.update({n: (104.0, 131.0) for n in ("tail16", "no_pdl", "pdl", "persistent",
+                                             "heuristic", "tail32", "not_persistent")})  # fmt: skip
+    timed_labels = []
+
+    class FakePool:
+        def __init__(self, *a, **k): ...
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def map(self, fn, tasks, chunksize=1):
+            return [0 for _ in tasks]
+
+    class FakeContext:
+        Pool = FakePool
+
+    def fake_time(calls, rounds, replays):
+        timed_labels.extend(calls)
+        out = {}
+        for label in calls:
+            name, lora = label.removesuffix("+lora"), label.endswith("+lora")
+            us = speed[name][lora]
+            out[label] = {"us": us, "p20_us": us, "p80_us": us, "replays": rounds * replays}
+        return out
+
+    monkeypatch.setattr(multiprocessing, "get_context", lambda kind: FakeContext())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(compare_configs, "measure_ceilings",
+                        lambda: {"copy_tbps": 4.0, "matmul_tflops": 700.0})  # fmt: skip
+    monkeypatch.setattr(compare_configs, "_layer", lambda shape: (None, None))
+    monkeypatch.setattr(compare_configs, "_inputs", lambda shape, t, n: [(None, None, None)] * n)
+    monkeypatch.setattr(compare_configs, "_lora_contexts", lambda shape, t, n: ["ctx"] * n)
+    monkeypatch.setattr(compare_configs, "_call",
+                        lambda b, c, x, tw, ti, lora=None: torch.ones(4))  # fmt: skip
+    monkeypatch.setattr(compare_configs, "time_graphs_interleaved", fake_time)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["compare_configs.py", "--shapes", "qwen3-30b-a3b",
+                                      "--tokens", "256", "--with-lora", "--variants", "plain",
+                                      "tail16", "--out", str(tmp_path)])  # fmt: skip
+    compare_configs.main()
+    assert sorted(timed_labels) == sorted(
+        ["shipped", "plain", "tail16", "shipped+lora", "plain+lora", "tail16+lora"]
+    )  # fmt: skip
+    rows = json.loads((tmp_path / "compare_configs.json").read_text())["rows"]
+    got = {(r["variant"], r["lora"]): round(r["vs_shipped"], 4) for r in rows}
+    assert got[("plain", False)] == 1.002 and got[("plain", True)] == round(120 / 130, 4)
+    assert got[("shipped", True)] == 1.0
+    best = json.loads((tmp_path / "compare_best.json").read_text())["best"]
+    assert list(best) == ["qwen3-30b-a3b/256"]
+    assert best["qwen3-30b-a3b/256"]["variant"] == "plain"
+
+
 def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_path, capsys):
     """A tuning run replaces the entries of the token counts it tuned, keeps the others (the
     hand-found decode entries), sorts them, and says which replaced entries had a trigger or
