@@ -73,21 +73,26 @@ def lower_bound_us(shape: MoEShape, t: int, copy_tbps: float, matmul_tflops: flo
     return max(t_mem, t_cmp) * 1e6
 
 
+def _event_ms(fn: Callable[[], Any], calls: int = 1) -> float:
+    """ms per call of ``calls`` back-to-back calls of ``fn``, timed with CUDA events."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / calls
+
+
 def _events_median_ms(fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
     import torch
 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(_event_ms(fn) for _ in range(reps))
 
 
 def _held_ms(fn: Callable[[], Any], seconds: float, per_sample: int = 10) -> float:
@@ -97,18 +102,10 @@ def _held_ms(fn: Callable[[], Any], seconds: float, per_sample: int = 10) -> flo
     node that the copy engines run (2.75 TB/s on the H200, not the SMs' 4.2)."""
     import time
 
-    import torch
-
     times = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(per_sample):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / per_sample)
+        times.append(_event_ms(fn, per_sample))
     return statistics.median(times[len(times) // 2 :])
 
 

@@ -167,14 +167,14 @@ def best_entries(
         )
 
     lora = {(r["shape"], r["T"], r["variant"]): r for r in rows if r.get("lora") and usable(r)}
+    lora_points = {key[:2] for key in lora}
     best: dict[str, dict[str, Any]] = {}
     for row in rows:
         if row.get("lora") or not usable(row):
             continue
         key = f"{row['shape']}/{row['T']}"
         r_base = row["vs_shipped"]
-        with_lora = any(k[:2] == (row["shape"], row["T"]) for k in lora)
-        if with_lora:
+        if (row["shape"], row["T"]) in lora_points:
             partner = lora.get((row["shape"], row["T"], row["variant"]))
             if partner is None:  # its LoRA timing failed or disagreed: no verdict
                 continue

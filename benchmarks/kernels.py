@@ -5,9 +5,10 @@ shapes and token counts with uniform routing. Each builder gets a :class:`Case` 
 callable per routing set; graph-capturable implementations are timed as CUDA-graph replays of
 all routing sets (several sets so that consecutive calls touch different experts), the others
 with events around eager calls. Ceilings (copy bandwidth, bf16 matmul rate) are re-measured
-first, as a short burst and held for ``--sustained`` seconds (a power-limited board clocks down
+first, as a short burst and held for ``--held`` seconds (a power-limited board clocks down
 under long matmul loads; each row also records the board's clock, power and clock-event
-reasons right after its timing, and ``ratio_held``, its ratio at the held ceilings). Writes ``kernels.json`` and ``kernels.png`` to ``--out`` (default ``$OUT`` or ``.``).
+reasons right after its timing, and ``ratio_held``, its ratio at the held ceilings). Writes
+``kernels.json`` and ``kernels.png`` to ``--out`` (default ``$OUT`` or ``.``).
 
 Add a backend: write ``def build_x(case) -> list[callable]`` and add
 ``IMPLEMENTATIONS["x"] = Impl(build_x)``.
@@ -305,9 +306,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     held = None
-    if not args.warm and args.sustained > 0:
-        held = measure_ceilings(held_s=args.sustained)
-        print(f"# held {args.sustained:.0f}s each: copy {held['copy_tbps']:.2f} TB/s, bf16 matmul "
+    if not args.warm and args.held > 0:
+        held = measure_ceilings(held_s=args.held)
+        print(f"# held {args.held:.0f}s each: copy {held['copy_tbps']:.2f} TB/s, bf16 matmul "
               f"{held['matmul_tflops']:.0f} TFLOP/s ({gpu_state()})", flush=True)  # fmt: skip
     rows: list[dict[str, Any]] = []
     for sname in args.shapes:
@@ -439,7 +440,7 @@ def main() -> None:
     p.add_argument("--tag", default="kernels")
     p.add_argument("--warm", action="store_true", help="only compile/run once (parallel warm-up)")
     p.add_argument("--breakdown", action="store_true", help="per-kernel device times (profiler)")
-    p.add_argument("--sustained", type=float, default=2.0, metavar="S",
+    p.add_argument("--held", type=float, default=2.0, metavar="S",
                    help="also measure the ceilings held S seconds each (0: skip); rows get "
                         "ratio_held, the ratio at those (power-limited) ceilings")  # fmt: skip
     p.add_argument("--runs", type=int, default=1,
