@@ -207,41 +207,64 @@ def _capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
     return graph
 
 
-def _replays_us(graph: Any, replays: int, calls: int) -> float:
-    """Event-timed ``replays`` back-to-back replays of ``graph``; µs per call."""
-    import torch
-
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(replays):
-        graph.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / (replays * calls)
+def rest_s(busy_ms: float, duty: float) -> float:
+    """Seconds to leave the GPU idle after ``busy_ms`` of work so that it runs at most a
+    ``duty`` fraction of the time (``duty`` 1: no rest)."""
+    if not 0.0 < duty <= 1.0:
+        raise ValueError(f"duty must be in (0, 1], got {duty}")
+    return busy_ms * 1e-3 * (1.0 / duty - 1.0)
 
 
-def time_graph_us(calls: Sequence[Callable[[], Any]], replays: int = 20) -> dict[str, float]:
-    """Capture ``calls`` once in a CUDA graph, replay it; per-call µs (median, p20, p80)."""
+def _replays_us(graph: Any, replays: int, calls: int, duty: float = 1.0) -> float:
+    """Event-timed ``replays`` back-to-back replays of ``graph``; µs per call. With ``duty``
+    < 1 the GPU then rests (``rest_s``), so that a power-capped board comes back to its boost
+    clock before the next sample."""
+    import time
+
+    ms = _event_ms(graph.replay, replays)
+    time.sleep(rest_s(ms * replays, duty))
+    return ms * 1e3 / calls
+
+
+def time_graph_us(
+    calls: Sequence[Callable[[], Any]], replays: int = 20, duty: float = 1.0
+) -> dict[str, float]:
+    """Capture ``calls`` once in a CUDA graph, replay it; per-call µs (median, p20, p80).
+    ``duty`` < 1: the GPU rests after each replay (``rest_s``)."""
     graph = _capture_graph(calls)
-    per = [_replays_us(graph, 1, len(calls)) for _ in range(replays)]
+    per = [_replays_us(graph, 1, len(calls), duty) for _ in range(replays)]
     del graph
     q = statistics.quantiles(per, n=5)
     return {"us": statistics.median(per), "p20_us": q[0], "p80_us": q[-1], "replays": replays}
 
 
+def time_graph_held_us(calls: Sequence[Callable[[], Any]], seconds: float) -> dict[str, float]:
+    """Per-call µs of ``calls`` captured in a CUDA graph and replayed back to back for
+    ``seconds`` (``_held_ms``): the rate once a power-capped board has clocked down."""
+    graph = _capture_graph(calls)
+    us = _held_ms(graph.replay, seconds) * 1e3 / len(calls)
+    del graph
+    return {"held_us": us, "held_s": seconds}
+
+
 def time_graphs_interleaved(
-    variants: dict[str, Sequence[Callable[[], Any]]], rounds: int = 10, replays: int = 5
+    variants: dict[str, Sequence[Callable[[], Any]]],
+    rounds: int = 10,
+    replays: int = 5,
+    duty: float = 1.0,
 ) -> dict[str, dict[str, float]]:
     """Per-call µs of several variants, each captured in its own CUDA graph and timed in
     ``rounds`` rounds of ``replays`` replays, the variants in a rotated order every round, so
-    that clock and thermal drift fall on all of them alike (median and p20/p80 over rounds)."""
+    that clock and thermal drift fall on all of them alike (median and p20/p80 over rounds).
+    ``duty`` < 1: the GPU rests after each sample (``rest_s``), so that every sample starts
+    near the boost clock instead of wherever the power cap left the previous one."""
     graphs = {name: (_capture_graph(calls), len(calls)) for name, calls in variants.items()}
     names = list(graphs)
     per: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             graph, n_calls = graphs[name]
-            per[name].append(_replays_us(graph, replays, n_calls))
+            per[name].append(_replays_us(graph, replays, n_calls, duty))
     del graphs
     out = {}
     for name, xs in per.items():

@@ -3,8 +3,9 @@
 The tuner ranks GEMM 1 and GEMM 2 by isolated profiler times; this script times what an engine
 runs: the whole layer (alignment, both GEMMs, top-k sum) replayed in a CUDA graph, for the
 shipped config and named variants of it (tail tiles on or off, other tail sizes), timed in
-interleaved rounds so that clock drift falls on all alike. Each variant's output is checked
-against the shipped config's output before it is timed.
+interleaved rounds so that clock drift falls on all alike, the GPU resting between samples
+(``--duty``) so that the power cap does not make prefill timings drift by 5-10 %. Each
+variant's output is checked against the shipped config's output before it is timed.
 
     python benchmarks/compare_configs.py --shapes qwen3-30b-a3b --tokens 4096 8192
 
@@ -269,6 +270,9 @@ def main() -> None:
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 64, 256, 1024, 4096, 8192])
     p.add_argument("--rounds", type=int, default=10, help="timing rounds (variants rotated)")
     p.add_argument("--replays", type=int, default=5, help="graph replays per variant per round")
+    p.add_argument("--duty", type=float, default=0.25,
+                   help="keep the GPU busy at most this fraction of the time, resting between "
+                        "samples so each starts at the boost clock (1: back to back)")  # fmt: skip
     p.add_argument("--variants", nargs="+", help="names to time besides 'shipped' (default all)")
     p.add_argument("--lora", action="store_true", help="with LoRA (rank 16, 4 adapters)")
     p.add_argument("--with-lora", action="store_true",
@@ -294,6 +298,8 @@ def main() -> None:
         help="merge a compare_best.json into moe_policy/experts/configs and exit",
     )
     args = p.parse_args()
+    if not 0.0 < args.duty <= 1.0:
+        p.error(f"--duty must be in (0, 1], got {args.duty}")
     if args.write_best:
         config_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                   "moe_policy", "experts", "configs")  # fmt: skip
@@ -353,7 +359,7 @@ def main() -> None:
                 except Exception as exc:  # a tile that does not compile or fit is reported
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
                 group.append(row)
-        timed = time_graphs_interleaved(calls, args.rounds, args.replays)
+        timed = time_graphs_interleaved(calls, args.rounds, args.replays, args.duty)
         for row in group:
             label = _label(row["variant"], row["lora"] and args.with_lora)
             if label in timed:

@@ -258,7 +258,8 @@ def test_compare_main_with_lora_times_both_layers_and_writes_the_winner(tmp_path
     class FakeContext:
         Pool = FakePool
 
-    def fake_time(calls, rounds, replays):
+    def fake_time(calls, rounds, replays, duty):
+        assert duty == 0.25  # the default: samples rest so that each starts at the boost clock
         timed_labels.extend(calls)
         out = {}
         for label in calls:
@@ -351,3 +352,75 @@ def test_gpu_state_without_nvidia_smi_is_empty(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", missing)
     assert gpu_state() == {}
+
+
+def test_rest_keeps_the_gpu_busy_at_most_the_duty_fraction():
+    from _bench_util import rest_s
+
+    assert rest_s(10.0, 1.0) == 0.0
+    assert rest_s(10.0, 0.25) == pytest.approx(0.030)  # 10 ms busy, 30 ms idle
+    assert rest_s(4.0, 0.5) == pytest.approx(0.004)
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="duty must be in"):
+            rest_s(1.0, bad)
+
+
+def test_interleaved_timing_rests_after_every_sample_and_rotates_the_order(monkeypatch):
+    """Each sample of each variant is followed by a rest of (1/duty - 1) times its busy time;
+    the per-call µs divide the per-replay time by the calls captured in the graph."""
+    import time
+
+    import _bench_util
+
+    order, sleeps = [], []
+    per_replay_ms = {"a": 2.0, "b": 4.0}
+
+    class FakeGraph:
+        def __init__(self, name):
+            self.name = name
+
+        def replay(self):
+            order.append(self.name)
+
+    def fake_event_ms(fn, calls=1):
+        for _ in range(calls):
+            fn()
+        return per_replay_ms[fn.__self__.name]
+
+    monkeypatch.setattr(_bench_util, "_capture_graph", lambda calls: FakeGraph(calls[0]))
+    monkeypatch.setattr(_bench_util, "_event_ms", fake_event_ms)
+    monkeypatch.setattr(time, "sleep", sleeps.append)
+    out = _bench_util.time_graphs_interleaved({"a": ["a", "a"], "b": ["b"]}, 2, 3, 0.25)
+    assert out["a"]["us"] == pytest.approx(1000.0)  # 2 ms per replay of a 2-call graph
+    assert out["b"]["us"] == pytest.approx(4000.0)
+    assert out["a"]["replays"] == 6
+    # round 0: a then b; round 1 rotated: b then a; 3 replays per sample
+    assert order == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3
+    assert sleeps == pytest.approx([0.018, 0.036, 0.036, 0.018])
+
+
+def test_lora_overhead_comes_from_one_interleaved_timing_of_both_layers(monkeypatch):
+    seen = {}
+
+    def fake_interleaved(variants, rounds, replays, duty):
+        seen.update(variants=dict(variants), rounds=rounds, duty=duty)
+        return {"base": {"us": 200.0}, "this": {"us": 250.0}}
+
+    monkeypatch.setattr(kernels, "time_graphs_interleaved", fake_interleaved)
+    base, lora = [lambda: None], [lambda: None]
+    got = kernels.overhead_pair("triton", base, lora, 0.25)
+    assert got == {"overhead_vs_triton": 1.25, "pair_us": {"base": 200.0, "this": 250.0}}
+    assert seen["variants"] == {"base": base, "this": lora}
+    assert seen["duty"] == 0.25 and seen["rounds"] == kernels.PAIR_ROUNDS
+
+
+@pytest.mark.parametrize("script", ["kernels", "compare_configs"])
+def test_duty_outside_zero_to_one_is_a_usage_error(script, monkeypatch, capsys):
+    import importlib
+
+    mod = importlib.import_module(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--duty", "0"])
+    with pytest.raises(SystemExit) as exc:
+        mod.main()
+    assert exc.value.code == 2
+    assert "--duty must be in (0, 1], got 0.0" in capsys.readouterr().err
