@@ -215,12 +215,23 @@ def rest_s(busy_ms: float, duty: float) -> float:
     return busy_ms * 1e-3 * (1.0 / duty - 1.0)
 
 
+#: GPU clock cycles of a spin kernel queued before each timed sample (~50 µs at 1.98 GHz):
+#: the start event then fires once the CPU has queued the replays behind it, so a sample times
+#: the GPU, not the graph launch's host latency (which, after a rest, a 26 µs decode layer
+#: timed one replay per sample would otherwise carry: Qwen3 T=1 read 1.55-1.65 x its bound
+#: instead of 1.45, H200 2026-11-30).
+LEAD_CYCLES = 100_000
+
+
 def _replays_us(graph: Any, replays: int, calls: int, duty: float = 1.0) -> float:
     """Event-timed ``replays`` back-to-back replays of ``graph``; µs per call. With ``duty``
     < 1 the GPU then rests (``rest_s``), so that a power-capped board comes back to its boost
     clock before the next sample."""
     import time
 
+    import torch
+
+    torch.cuda._sleep(LEAD_CYCLES)
     ms = _event_ms(graph.replay, replays)
     time.sleep(rest_s(ms * replays, duty))
     return ms * 1e3 / calls

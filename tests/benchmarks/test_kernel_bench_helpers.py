@@ -390,12 +390,17 @@ def test_interleaved_timing_rests_after_every_sample_and_rotates_the_order(monke
     monkeypatch.setattr(_bench_util, "_capture_graph", lambda calls: FakeGraph(calls[0]))
     monkeypatch.setattr(_bench_util, "_event_ms", fake_event_ms)
     monkeypatch.setattr(time, "sleep", sleeps.append)
+    import torch
+
+    # a spin kernel goes first in every sample, so the start event waits for the queued replays
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: order.append(("lead", cycles)))
     out = _bench_util.time_graphs_interleaved({"a": ["a", "a"], "b": ["b"]}, 2, 3, 0.25)
     assert out["a"]["us"] == pytest.approx(1000.0)  # 2 ms per replay of a 2-call graph
     assert out["b"]["us"] == pytest.approx(4000.0)
     assert out["a"]["replays"] == 6
-    # round 0: a then b; round 1 rotated: b then a; 3 replays per sample
-    assert order == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3
+    # round 0: a then b; round 1 rotated: b then a; 3 replays per sample after the lead
+    lead = [("lead", _bench_util.LEAD_CYCLES)]
+    assert order == lead + ["a"] * 3 + lead + ["b"] * 3 + lead + ["b"] * 3 + lead + ["a"] * 3
     assert sleeps == pytest.approx([0.018, 0.036, 0.036, 0.018])
 
 
