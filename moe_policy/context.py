@@ -131,13 +131,17 @@ def parse_capability(value: Any) -> tuple[int, int]:
     (10, 3)
     """
     if isinstance(value, (tuple, list)) and len(value) == 2:
-        return int(value[0]), int(value[1])
-    text = str(value).strip().lower().removeprefix("sm").removeprefix("_")
-    if "." in text:
-        major, minor = text.split(".", 1)
-        return int(major), int(minor)
-    if text.isdigit() and len(text) in (2, 3):
-        return int(text[:-1]), int(text[-1])
+        parts = [str(v).strip() for v in value]
+    else:
+        text = str(value).strip().lower().removeprefix("sm").removeprefix("_")
+        if "." in text:
+            parts = text.split(".", 1)
+        elif text.isdigit() and len(text) in (2, 3):
+            parts = [text[:-1], text[-1]]
+        else:
+            parts = []
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        return int(parts[0]), int(parts[1])
     raise ValueError(f"not a compute capability: {value!r} (expected e.g. 9.0 or 10.0)")
 
 

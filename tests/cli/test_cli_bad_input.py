@@ -74,6 +74,13 @@ CASES = [
         ("cli:--platform", "did you mean 'cuda'"),
     ),
     ("bad-flag-int", None, {}, ("--tp", "two"), ("cli:--tp", "parallel.tp", "'two'")),
+    (
+        "bad-flag-capability",
+        None,
+        {},
+        ("--capability", "9.x"),
+        ("cli:--capability", "not a compute capability: '9.x'", "expected e.g. 9.0"),
+    ),
     ("bad-flag-range", None, {}, ("--tp", "0"), ("cli:--tp", "parallel.tp must be at least 1")),
     ("bad-flag-mode", None, {}, ("--mode", "strcit"), ("cli:--mode", "did you mean 'strict'")),
     ("bad-set-syntax", None, {}, ("--set", "parallel.tp"), ("cli:--set", "KEY=VALUE")),
