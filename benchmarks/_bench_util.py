@@ -207,6 +207,19 @@ def _capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
     return graph
 
 
+def duty_fraction(text: str) -> float:
+    """argparse type of ``--duty``: a float in (0, 1]."""
+    import argparse
+
+    try:
+        duty = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 < duty <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return duty
+
+
 def rest_s(busy_ms: float, duty: float) -> float:
     """Seconds to leave the GPU idle after ``busy_ms`` of work so that it runs at most a
     ``duty`` fraction of the time (``duty`` 1: no rest)."""
@@ -217,9 +230,9 @@ def rest_s(busy_ms: float, duty: float) -> float:
 
 #: GPU clock cycles of a spin kernel queued before each timed sample (~50 µs at 1.98 GHz):
 #: the start event then fires once the CPU has queued the replays behind it, so a sample times
-#: the GPU, not the graph launch's host latency (which, after a rest, a 26 µs decode layer
-#: timed one replay per sample would otherwise carry: Qwen3 T=1 read 1.55-1.65 x its bound
-#: instead of 1.45, H200 2026-11-30).
+#: the GPU, not the graph launch's host latency, which a decode layer timed one replay per
+#: sample after a rest would otherwise carry (H200, Qwen3 T=1: 25.9 instead of 24.9 µs;
+#: ``results/timing_lead_spin_h200.txt``).
 LEAD_CYCLES = 100_000
 
 

@@ -11,7 +11,7 @@ The H200 is power-capped: under a long matmul load it clocks down (1980 -> 1300-
 a timing depends on what ran before it. Graph timings therefore rest the GPU between samples
 (``--duty``, default 0.25: busy a quarter of the time), which keeps every sample at the boost
 clock the burst ceilings were measured at (H200, 2026-11-30: p20-p80 within 0.3 %, where
-back-to-back replays spread 5-10 % and ran 4-14 % slower). For T >= ``HELD_MIN_T`` the
+back-to-back replays spread 5-10 % and ran 3-17 % slower). For T >= ``HELD_MIN_T`` the
 Triton rows are also replayed back to back for ``--held`` seconds (``held_us``) and compared
 with the held ceilings (``ratio_held``): the sustained, power-capped view. The LoRA row's
 ``overhead_vs_triton`` comes from the two layers timed interleaved in the same rounds. Each
@@ -42,6 +42,7 @@ from _bench_util import (
     SHAPES,
     MoEShape,
     alloc_block,
+    duty_fraction,
     gpu_state,
     layer_bytes,
     layer_flops,
@@ -492,14 +493,12 @@ def main() -> None:
                    help="also measure the ceilings, and the Triton rows at T >= "
                         f"{HELD_MIN_T}, held S seconds each (0: skip); those rows get "
                         "held_us and ratio_held, the power-capped view")  # fmt: skip
-    p.add_argument("--duty", type=float, default=0.25,
+    p.add_argument("--duty", type=duty_fraction, default=0.25,
                    help="graph timings keep the GPU busy at most this fraction of the time "
                         "(1: back to back)")  # fmt: skip
     p.add_argument("--runs", type=int, default=1,
                    help="whole sweeps; the JSON keeps each point's median-ratio run")  # fmt: skip
     args = p.parse_args()
-    if not 0.0 < args.duty <= 1.0:
-        p.error(f"--duty must be in (0, 1], got {args.duty}")
     payload = run(args)
     if args.warm:
         return

@@ -420,12 +420,17 @@ def test_lora_overhead_comes_from_one_interleaved_timing_of_both_layers(monkeypa
 
 
 @pytest.mark.parametrize("script", ["kernels", "compare_configs"])
-def test_duty_outside_zero_to_one_is_a_usage_error(script, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "must be in (0, 1], got '0'"), ("1.5", "must be in (0, 1], got '1.5'"),
+     ("half", "not a number: 'half'")],
+)  # fmt: skip
+def test_duty_outside_zero_to_one_is_a_usage_error(script, value, message, monkeypatch, capsys):
     import importlib
 
     mod = importlib.import_module(script)
-    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--duty", "0"])
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--duty", value])
     with pytest.raises(SystemExit) as exc:
         mod.main()
     assert exc.value.code == 2
-    assert "--duty must be in (0, 1], got 0.0" in capsys.readouterr().err
+    assert f"argument --duty: {message}" in capsys.readouterr().err
