@@ -172,13 +172,31 @@ def parse_gpu_state(line: str) -> dict[str, Any]:
     return out
 
 
-def gpu_state(index: int = 0) -> dict[str, Any]:
-    """SM clock, power and clock-event reasons of GPU ``index`` now (empty without nvidia-smi):
-    sampled right after a timing, it says whether the board was power- or heat-limited."""
+def nvidia_smi_id(uuid: str | None, index: int) -> str:
+    """``nvidia-smi --id`` of a CUDA device: its UUID (``GPU-...``) where torch reports one,
+    since torch's index counts only the visible GPUs (``CUDA_VISIBLE_DEVICES``) and
+    nvidia-smi's counts all of them; else the index."""
+    if uuid:
+        uuid = str(uuid)
+        return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    return str(index)
+
+
+def gpu_state(index: int | None = None) -> dict[str, Any]:
+    """SM clock, power and clock-event reasons of CUDA device ``index`` (default: the current
+    one) now (empty without nvidia-smi): sampled right after a timing, it says whether the
+    board was power- or heat-limited."""
     import subprocess
 
-    cmd = ["nvidia-smi", f"--id={index}", f"--query-gpu={','.join(_GPU_FIELDS)}",
-           "--format=csv,noheader,nounits"]  # fmt: skip
+    import torch
+
+    uuid = None
+    if torch.cuda.is_available():
+        index = torch.cuda.current_device() if index is None else index
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    index = 0 if index is None else index
+    cmd = ["nvidia-smi", f"--id={nvidia_smi_id(uuid, index)}",
+           f"--query-gpu={','.join(_GPU_FIELDS)}", "--format=csv,noheader,nounits"]  # fmt: skip
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True)
         return parse_gpu_state(res.stdout.splitlines()[0])

@@ -39,9 +39,13 @@ def test_median_of_runs_keeps_the_median_row_and_every_ratio():
     assert [c["copy_tbps"] for c in merged["ceilings_runs"]] == [4.1, 4.2, 4.3]
 
 
-def test_even_number_of_runs_takes_the_lower_middle():
-    merged = kernels.median_of_runs([_payload(4, [_row(1, 2.0)]), _payload(4, [_row(1, 1.0)])])
-    assert merged["rows"][0]["ratio"] == 1.0
+def test_even_number_of_runs_takes_the_slower_middle_run():
+    """Two runs: the slower one is reported (a median that never flatters), both ratios kept."""
+    merged = kernels.median_of_runs([_payload(4, [_row(1, 1.0)]), _payload(4, [_row(1, 2.0)])])
+    assert merged["rows"][0]["ratio"] == 2.0
+    assert merged["rows"][0]["ratio_runs"] == [1.0, 2.0]
+    four = [_payload(4, [_row(1, r)]) for r in (1.3, 1.1, 1.4, 1.2)]
+    assert kernels.median_of_runs(four)["rows"][0]["ratio"] == 1.3
 
 
 def test_lower_bound_is_memory_at_decode_and_compute_at_prefill():
@@ -352,6 +356,39 @@ def test_gpu_state_without_nvidia_smi_is_empty(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", missing)
     assert gpu_state() == {}
+
+
+def test_gpu_state_asks_nvidia_smi_for_the_device_by_uuid(monkeypatch):
+    """torch's index counts visible GPUs only (CUDA_VISIBLE_DEVICES=3 makes GPU 3 torch's 0),
+    so nvidia-smi is asked by the device's UUID; the index only where torch has no UUID."""
+    import subprocess
+    import types
+
+    import torch
+    from _bench_util import gpu_state, nvidia_smi_id
+
+    assert nvidia_smi_id("58a6e41a-0000-1111", 0) == "GPU-58a6e41a-0000-1111"
+    assert nvidia_smi_id("GPU-58a6", 0) == "GPU-58a6"
+    assert nvidia_smi_id("MIG-7f3c", 0) == "MIG-7f3c"
+    assert nvidia_smi_id(None, 2) == "2" and nvidia_smi_id("", 1) == "1"
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        return types.SimpleNamespace(stdout="1980, 1980, 300.0, 700.0, 40, 0x0\n")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(uuid=f"uuid-of-{i}"))  # fmt: skip
+    assert gpu_state()["sm_mhz"] == 1980.0
+    assert gpu_state(1) == gpu_state()
+    assert [c[1] for c in seen] == [
+        "--id=GPU-uuid-of-0",
+        "--id=GPU-uuid-of-1",
+        "--id=GPU-uuid-of-0",
+    ]
 
 
 def test_rest_keeps_the_gpu_busy_at_most_the_duty_fraction():
