@@ -27,6 +27,7 @@ Add a backend: write ``def build_x(case) -> list[callable]`` and add
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -456,6 +457,23 @@ def median_of_runs(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def load_sweep(path: str) -> dict[str, Any]:
+    """A sweep JSON as ``run`` returns it; ValueError naming the file when it is not one."""
+    try:
+        with open(path) as f:
+            payload = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"--merge {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--merge {path}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg})") from exc
+    missing = [
+        k for k in ("info", "ceilings", "rows") if not isinstance(payload, dict) or k not in payload
+    ]
+    if missing:
+        raise ValueError(f"--merge {path}: not a kernels.py sweep (no {', '.join(missing)})")
+    return payload
+
+
 def _print_row(r: dict[str, Any]) -> None:
     head = f"{r['shape']:15s} T={r['T']:5d} {r['impl']:17s}"
     if "us" not in r:
@@ -499,13 +517,27 @@ def main() -> None:
                         "(1: back to back)")  # fmt: skip
     p.add_argument("--runs", type=int, default=1,
                    help="whole sweeps; the JSON keeps each point's median-ratio run")  # fmt: skip
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="no GPU: merge whole-sweep JSONs (e.g. the <tag>_runN.json that each "
+                        "run of --runs N leaves, should the call be cut off) like --runs does")  # fmt: skip
     args = p.parse_args()
-    payload = run(args)
-    if args.warm:
-        return
-    if args.runs > 1:
-        more = [run(args) for _ in range(args.runs - 1)]
-        payload = median_of_runs([payload, *more])
+    os.makedirs(args.out, exist_ok=True)
+    if args.merge:
+        try:
+            payloads = [load_sweep(path) for path in args.merge]
+        except ValueError as exc:
+            p.error(str(exc))
+    else:
+        payloads = []
+        for i in range(1 if args.warm else args.runs):
+            payloads.append(run(args))
+            if args.runs > 1:  # each run on disk as soon as it ends
+                write_json(os.path.join(args.out, f"{args.tag}_run{i + 1}.json"), payloads[-1])
+        if args.warm:
+            return
+    payload = payloads[0]
+    if len(payloads) > 1:
+        payload = median_of_runs(payloads)
         print("# median of runs (ratio; LoRA overhead median of runs):")
         for r in payload["rows"]:
             if r.get("ratio_runs"):
@@ -513,7 +545,6 @@ def main() -> None:
                       f"runs {' '.join(f'{v:.2f}' for v in r['ratio_runs'])}"
                       + (f"  lora x{r['overhead_vs_triton']:.3f}" if "overhead_vs_triton" in r
                          else ""))  # fmt: skip
-    os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, f"{args.tag}.json"), payload)
     try:
         plot_ratios([r for r in payload["rows"] if "ratio" in r], os.path.join(args.out, f"{args.tag}.png"),

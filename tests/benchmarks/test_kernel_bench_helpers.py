@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -46,6 +47,37 @@ def test_even_number_of_runs_takes_the_slower_middle_run():
     assert merged["rows"][0]["ratio_runs"] == [1.0, 2.0]
     four = [_payload(4, [_row(1, r)]) for r in (1.3, 1.1, 1.4, 1.2)]
     assert kernels.median_of_runs(four)["rows"][0]["ratio"] == 1.3
+
+
+def test_merge_writes_the_median_of_saved_sweeps(tmp_path, monkeypatch, capsys):
+    """--merge (no GPU) reads the per-run JSONs a cut-off --runs call left and writes their
+    median like --runs does; a missing, malformed or foreign file is named in the error."""
+    import json
+
+    paths = []
+    for i, ratio in enumerate((1.4, 1.2, 1.3)):
+        path = tmp_path / f"k_run{i + 1}.json"
+        path.write_text(json.dumps(_payload(4.0 + i / 10, [_row(8, ratio)])))
+        paths.append(str(path))
+    monkeypatch.setattr(kernels, "plot_ratios", lambda *a, **k: None)
+    monkeypatch.setattr(sys, "argv", ["kernels.py", "--merge", *paths, "--out", str(tmp_path),
+                                      "--tag", "merged"])  # fmt: skip
+    kernels.main()
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["rows"][0]["ratio"] == 1.3 and merged["rows"][0]["ratio_runs"] == [1.4, 1.2, 1.3]
+    assert merged["info"]["runs"] == 3
+    assert "x1.30 runs 1.40 1.20 1.30" in capsys.readouterr().out
+
+    (tmp_path / "bad.json").write_text('{"info": {},\n "rows": [,]}')
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    for name, msg in [("bad.json", r"bad.json:2:\d+: not JSON"),
+                      ("other.json", r"other.json: not a kernels.py sweep \(no info, ceilings\)"),
+                      ("gone.json", r"gone.json: No such file")]:  # fmt: skip
+        monkeypatch.setattr(sys, "argv", ["kernels.py", "--merge", str(tmp_path / name)])
+        with pytest.raises(SystemExit) as exc:
+            kernels.main()
+        assert exc.value.code == 2
+        assert re.search(msg, capsys.readouterr().err)
 
 
 def test_lower_bound_is_memory_at_decode_and_compute_at_prefill():
