@@ -173,6 +173,18 @@ def test_alignment_with_too_many_adapter_keys_stays_unordered(device):
     assert not bool((keys.diff() >= 0).all()), "pairs were ordered by adapter"
 
 
+@pytest.mark.parametrize(("t", "k", "e", "kind"), [(600, 8, 16, "skewed"), (1500, 3, 8, "uniform")])
+def test_multi_program_alignment_over_many_chunks(t, k, e, kind, device):
+    """Several chunks of the multi-program path, a busy expert taking half of the pairs and a
+    few dropped pairs in every chunk: the alignment's invariants hold."""
+    from moe_policy.experts import align
+
+    _, ti = make_routing(t, e, k, device, kind=kind, seed=5)
+    ti[::7, -1] = -1
+    assert ti.numel() > 4 * align._CHUNK
+    _check_alignment(ti, e, 64)
+
+
 def test_alignment_drops_invalid_experts(device):
     """Pairs routed outside [0, E) (experts of another rank) are left out, in both paths."""
     for t in (9, FUSED_MAX // 2 + 7):
