@@ -238,6 +238,19 @@ def duty_fraction(text: str) -> float:
     return duty
 
 
+def positive_int(text: str) -> int:
+    """argparse type of counts (``--runs``, ``--replays``): an integer >= 1."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return n
+
+
 def rest_s(busy_ms: float, duty: float) -> float:
     """Seconds to leave the GPU idle after ``busy_ms`` of work so that it runs at most a
     ``duty`` fraction of the time (``duty`` 1: no rest)."""

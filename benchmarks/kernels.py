@@ -51,6 +51,7 @@ from _bench_util import (
     measure_ceilings,
     peak_extra_bytes,
     plot_ratios,
+    positive_int,
     time_eager_us,
     time_graph_held_us,
     time_graph_us,
@@ -503,7 +504,7 @@ def main() -> None:
     p.add_argument(
         "--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=sorted(IMPLEMENTATIONS)
     )
-    p.add_argument("--replays", type=int, default=50)
+    p.add_argument("--replays", type=positive_int, default=50)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--tag", default="kernels")
     p.add_argument("--warm", action="store_true", help="only compile/run once (parallel warm-up)")
@@ -515,8 +516,9 @@ def main() -> None:
     p.add_argument("--duty", type=duty_fraction, default=0.25,
                    help="graph timings keep the GPU busy at most this fraction of the time "
                         "(1: back to back)")  # fmt: skip
-    p.add_argument("--runs", type=int, default=1,
-                   help="whole sweeps; the JSON keeps each point's median-ratio run")  # fmt: skip
+    p.add_argument("--runs", type=positive_int, default=1,
+                   help="whole sweeps; the JSON keeps each point's median-ratio run, and each "
+                        "run is also written as <tag>_runN.json when it ends")  # fmt: skip
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="no GPU: merge whole-sweep JSONs (e.g. the <tag>_runN.json that each "
                         "run of --runs N leaves, should the call be cut off) like --runs does")  # fmt: skip

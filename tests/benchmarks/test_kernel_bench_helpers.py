@@ -503,3 +503,17 @@ def test_duty_outside_zero_to_one_is_a_usage_error(script, value, message, monke
         mod.main()
     assert exc.value.code == 2
     assert f"argument --duty: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--runs", "0", "must be at least 1, got '0'"), ("--replays", "-3", "must be at least 1"),
+     ("--runs", "two", "not an integer: 'two'")],
+)  # fmt: skip
+def test_kernels_counts_below_one_are_usage_errors(flag, value, message, monkeypatch, capsys):
+    """--runs 0 would leave no sweep to write (an IndexError before this check)."""
+    monkeypatch.setattr(sys, "argv", ["kernels.py", flag, value])
+    with pytest.raises(SystemExit) as exc:
+        kernels.main()
+    assert exc.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
