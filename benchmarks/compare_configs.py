@@ -42,6 +42,7 @@ from _bench_util import (
     duty_fraction,
     lower_bound_us,
     measure_ceilings,
+    positive_int,
     time_graphs_interleaved,
 )
 from tune_triton import _call, _inputs, _layer
@@ -274,9 +275,15 @@ def main() -> None:
     p.add_argument(
         "--shapes", nargs="+", default=["nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b"]
     )
-    p.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 64, 256, 1024, 4096, 8192])
-    p.add_argument("--rounds", type=int, default=10, help="timing rounds (variants rotated)")
-    p.add_argument("--replays", type=int, default=5, help="graph replays per variant per round")
+    p.add_argument(
+        "--tokens", nargs="+", type=positive_int, default=[1, 16, 64, 256, 1024, 4096, 8192]
+    )
+    p.add_argument(
+        "--rounds", type=positive_int, default=10, help="timing rounds (variants rotated)"
+    )
+    p.add_argument(
+        "--replays", type=positive_int, default=5, help="graph replays per variant per round"
+    )
     p.add_argument("--duty", type=duty_fraction, default=0.25,
                    help="keep the GPU busy at most this fraction of the time, resting between "
                         "samples so each starts at the boost clock (1: back to back)")  # fmt: skip

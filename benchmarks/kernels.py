@@ -500,7 +500,7 @@ def _print_row(r: dict[str, Any]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=list(BENCH_SHAPES), choices=sorted(SHAPES))
-    p.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    p.add_argument("--tokens", nargs="+", type=positive_int, default=list(TOKENS))
     p.add_argument(
         "--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=sorted(IMPLEMENTATIONS)
     )

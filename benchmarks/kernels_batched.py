@@ -29,6 +29,7 @@ from _bench_util import (
     lower_bound_us,
     measure_ceilings,
     plot_ratios,
+    positive_int,
     time_eager_us,
     time_graph_us,
     write_json,
@@ -256,8 +257,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", nargs="*", default=DEFAULT_SHAPES)
-    ap.add_argument("--tokens", nargs="*", type=int, default=TOKENS)
-    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--tokens", nargs="*", type=positive_int, default=TOKENS)
+    ap.add_argument("--replays", type=positive_int, default=20)
     ap.add_argument(
         "--impls",
         nargs="*",

@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _bench_util import SHAPES, MoEShape
+from _bench_util import SHAPES, MoEShape, positive_int
 
 from moe_policy.experts.triton_config import (
     GemmConfig,
@@ -297,7 +297,9 @@ def main() -> None:
     p.add_argument(
         "--shapes", nargs="+", default=["nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b"]
     )
-    p.add_argument("--tokens", nargs="+", type=int, default=[1, 16, 64, 256, 1024, 4096, 8192])
+    p.add_argument(
+        "--tokens", nargs="+", type=positive_int, default=[1, 16, 64, 256, 1024, 4096, 8192]
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--jobs", type=int, default=8, help="compile workers (0: compile while timing)")
     p.add_argument(

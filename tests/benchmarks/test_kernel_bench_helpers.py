@@ -517,3 +517,16 @@ def test_kernels_counts_below_one_are_usage_errors(flag, value, message, monkeyp
         kernels.main()
     assert exc.value.code == 2
     assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["kernels", "compare_configs", "tune_triton", "kernels_batched"])
+def test_token_counts_below_one_are_usage_errors(script, monkeypatch, capsys):
+    """A batch of 0 tokens is refused when parsing, in every GPU benchmark script."""
+    import importlib
+
+    mod = importlib.import_module(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--tokens", "16", "0"])
+    with pytest.raises(SystemExit) as exc:
+        mod.main()
+    assert exc.value.code == 2
+    assert "argument --tokens: must be at least 1, got '0'" in capsys.readouterr().err
