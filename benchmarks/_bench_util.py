@@ -225,30 +225,35 @@ def _capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
     return graph
 
 
+def _converted(text: str, convert: Callable[[str], Any], noun: str) -> Any:
+    """``convert(text)`` for an argparse type; ArgumentTypeError "not <noun>" when it fails."""
+    import argparse
+
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
+    return value
+
+
 def duty_fraction(text: str) -> float:
     """argparse type of ``--duty``: a float in (0, 1]."""
     import argparse
 
-    try:
-        duty = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    duty = _converted(text, float, "a number")
     if not 0.0 < duty <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return duty
+    return float(duty)
 
 
 def positive_int(text: str) -> int:
-    """argparse type of counts (``--runs``, ``--replays``): an integer >= 1."""
+    """argparse type of counts (``--runs``, ``--replays``, ``--tokens``): an integer >= 1."""
     import argparse
 
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    n = _converted(text, int, "an integer")
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return n
+    return int(n)
 
 
 def rest_s(busy_ms: float, duty: float) -> float:
