@@ -42,9 +42,13 @@ def test_median_of_runs_keeps_the_median_row_and_every_ratio():
 
 def test_even_number_of_runs_takes_the_slower_middle_run():
     """Two runs: the slower one is reported (a median that never flatters), both ratios kept."""
-    merged = kernels.median_of_runs([_payload(4, [_row(1, 1.0)]), _payload(4, [_row(1, 2.0)])])
+    merged = kernels.median_of_runs(
+        [_payload(4, [_row(1, 1.0, overhead_vs_triton=1.3)]),
+         _payload(4, [_row(1, 2.0, overhead_vs_triton=1.1)])]
+    )  # fmt: skip
     assert merged["rows"][0]["ratio"] == 2.0
     assert merged["rows"][0]["ratio_runs"] == [1.0, 2.0]
+    assert merged["rows"][0]["overhead_vs_triton"] == 1.3  # the larger, not the mean 1.2
     four = [_payload(4, [_row(1, r)]) for r in (1.3, 1.1, 1.4, 1.2)]
     assert kernels.median_of_runs(four)["rows"][0]["ratio"] == 1.3
 
