@@ -57,12 +57,13 @@ class MoEConfig:
 
     ``persistent`` (aligned batches without LoRA): both GEMMs launch one program per SM, each
     walking its share of the tiles in one flattened, pipelined loop, so a tile's epilogue
-    overlaps the next tile's loads. No tail tiles there (``tail_m`` must be 0), nor narrow last
-    N tiles. Tuned files set it where a whole-layer comparison says so (H200: Qwen3-30B-A3B
-    T=2048-8192 -2 to -8%, Mixtral T>=1024 -2 to -5%; Nemotron +1-3%, gpt-oss T=8192 +16%,
-    with LoRA +3 to +27%), the heuristic where ``default_persistent`` says; decode batches and
-    LoRA calls ignore it and run the entry's tiles one program per tile, with the default tail
-    tiles (``default_tail_m``).
+    overlaps the next tile's loads. No tail tiles there (``tail_m`` must be 0); a narrow last N
+    tile runs after the full-width ones, in a second loop. Tuned files set it where a
+    whole-layer comparison says so (H200: Qwen3-30B-A3B T=2048-8192 -2 to -8%, Mixtral T>=1024
+    -2 to -5%; Nemotron T=2048/4096/8192 +4.2/-1.0/-0.3%, gpt-oss T=2048/4096/8192
+    -1.2/-1.2/+8.3%, with LoRA +3 to +27%), the heuristic where ``default_persistent`` says;
+    decode batches and LoRA calls ignore it and run the entry's tiles one program per tile,
+    with the default tail tiles (``default_tail_m``).
     """
 
     block_m: int
@@ -217,11 +218,13 @@ def heuristic_config(
 
 
 def default_persistent(block_m: int, inter: int, hidden: int, bn1: int, bn2: int) -> bool:
-    """Persistent GEMMs for 128-row prefill tiles whose N tiles divide I and H, since the
-    persistent loop runs neither tail tiles nor narrow last N tiles (whole-layer H200
-    comparisons, 2026-11-29, on the tiles this heuristic gives: Qwen3-30B-A3B T=2048-8192
-    -2 to -8 %, Mixtral T=1024-8192 -2 to -5 %; Nemotron (N = 1856, 2688: narrow last tiles)
-    +1-3 %, gpt-oss-20b (N = 2880) +4 % at T=1024)."""
+    """Persistent GEMMs for 128-row prefill tiles whose N tiles divide I and H (whole-layer
+    H200 comparisons, 2026-11-29, on the tiles this heuristic gives: Qwen3-30B-A3B
+    T=2048-8192 -2 to -8 %, Mixtral T=1024-8192 -2 to -5 %). Where N leaves a narrow last tile
+    (Nemotron: 1856, 2688; gpt-oss-20b: 2880) the persistent loop runs no tail tiles and wins
+    nothing reliable: even with the narrow tiles in a second loop, Nemotron T=2048/4096/8192
+    +4.2/-1.0/-0.3 %, gpt-oss T=2048/4096/8192 -1.2/-1.2/+8.3 % (2026-11-30,
+    ``results/ab_persistent_narrow_n_h200.txt``)."""
     return block_m == 128 and inter % bn1 == 0 and hidden % bn2 == 0
 
 

@@ -38,7 +38,7 @@ stays ordered.
 Persistent GEMMs (``MoEConfig.persistent``, aligned batches without LoRA): one program per SM
 walks the tiles ``pid, pid + P, ...``; Triton flattens the tile loop and the K loop into one
 software-pipelined loop, so the next tile's loads are in flight during this tile's epilogue
-(no tail tiles there).
+(no tail tiles there); a narrow last N tile (``TAIL_N``) runs in a second loop, one per block.
 
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
@@ -112,6 +112,9 @@ LORA_B_AHEAD = True
 FUSED_DECODE_SUM = True
 #: Persistent GEMMs where the config asks (``MoEConfig.persistent``); False ignores it.
 PERSISTENT_GEMMS = True
+#: Persistent GEMMs run a narrow last N tile (``N_TAIL_TILES``) in a second loop after the
+#: full-width tiles; False runs it full width, masked, in the one loop.
+PERSISTENT_NARROW_N = True
 
 
 @triton.jit
@@ -446,8 +449,12 @@ def _moe_gemm_kernel(
         # below); the tile loop and the K loop are flattened into one pipelined loop, so the
         # next tile's loads are in flight during this tile's epilogue
         live_m = tl.load(num_padded_ptr) // BLOCK_M
-        for tile in tl.range(pid, live_m * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=True):
-            tile_m, tile_n = _grouped_tile(tile, live_m, N, BLOCK_N, GROUP_M)
+        num_p = tl.num_programs(0)
+        # with a narrow last N tile (TAIL_N), the full-width tiles first, then one narrow
+        # tile per block in a second loop
+        n_full = N // BLOCK_N if TAIL_N > 0 else tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(pid, live_m * n_full, num_p, flatten=True):
+            tile_m, tile_n = _grouped_tile(tile, live_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
             pairs_p, expert_p, _, row0_p = block_pairs(
                 tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
                 topk_ids_ptr, numel, num_experts, BLOCK_M, False,
@@ -464,6 +471,27 @@ def _moe_gemm_kernel(
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                 BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
+        if TAIL_N > 0:
+            # narrow tiles continue the round robin where the full ones stopped, so programs
+            # that had one full tile fewer take them first
+            first = (pid + num_p - (live_m * n_full) % num_p) % num_p
+            for tile_m in range(first, live_m, num_p):
+                pairs_p, expert_p, _, row0_p = block_pairs(
+                    tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
+                    topk_ids_ptr, numel, num_experts, BLOCK_M, False,
+                )  # fmt: skip
+                _moe_tile(
+                    pairs_p, expert_p, row0_p, n_full * BLOCK_N,
+                    a_ptr, b_ptr, c_ptr, a_desc, b_desc,
+                    bias_ptr, topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
+                    N, K, numel, num_slots, lora_rank,
+                    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                    stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
+                    stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
+                    A_ROW_DIV, A_SORTED, A_TMA, False, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT,
+                    ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
+                    BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
+                )  # fmt: skip
         return
     if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
         if pid == 0:
@@ -1011,7 +1039,7 @@ def _launch_gemm(
         A_TMA=a_desc is not None, B_TMA=b_desc is not None, HAS_BIAS=bias is not None,
         EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
-        TAIL_N=0 if persist else _narrow_tail(n, g.block_n),
+        TAIL_N=_narrow_tail(n, g.block_n) if PERSISTENT_NARROW_N or not persist else 0,
         num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=constexprs["PDL"],
         **constexprs,
     )  # fmt: skip

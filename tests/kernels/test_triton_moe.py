@@ -694,8 +694,10 @@ PERSISTENT_TILES = tc.MoEConfig(
         ("gelu", True, dataclasses.replace(
             PERSISTENT_TILES, gemm1=tc.GemmConfig(16, 32, 2, 4, 2)), "skewed", False),  # two-dot
         ("relu2", False, PERSISTENT_TILES, "subset", True),  # idle experts, weight on input
+        ("silu", True, dataclasses.replace(  # I = 40 = 32 + 8: narrow GEMM-1 tiles too
+            PERSISTENT_TILES, gemm1=tc.GemmConfig(32, 32, 2, 4, 2, tma=True)), "uniform", False),
     ],
-    ids=["one-dot-tma", "two-dot-skewed", "nongated-idle-experts"],
+    ids=["one-dot-tma", "two-dot-skewed", "nongated-idle-experts", "narrow-last-n-tiles"],
 )  # fmt: skip
 def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing, on_input,
                                                      device, monkeypatch):  # fmt: skip
@@ -727,6 +729,10 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
     per_tile = run(dataclasses.replace(tiles, persistent=False))
     sms = sm_count(x.device)
     assert [kw["PERSISTENT"] for _, kw in gemms] == [True, True, False, False]
+    # H = 72 = 2 x 32 + 8 leaves GEMM 2 a narrow last N tile (16 wide), persistent or not;
+    # GEMM 1 has one where its tile is 32 wide (I = 40)
+    narrow1 = 16 if tiles.gemm1.block_n == 32 else 0
+    assert [kw["TAIL_N"] for _, kw in gemms] == [narrow1, 16, narrow1, 16]
     assert all(kw["_grid"][0] > sms for _, kw in gemms[2:])  # one program per tile
     assert [kw["_grid"] for _, kw in gemms[:2]] == [(sms,), (sms,)]  # one per SM
     if ON_GPU:
