@@ -35,8 +35,9 @@ _NOT_DIVISIBLE = {"numel", "num_blocks", "num_slots", "lora_rank", "num_experts"
                   "n_cnt", "rank"}  # fmt: skip
 #: Pointer arguments by element type (others are the layer dtype).
 _INT_POINTERS = {"topk_ids_ptr", "sorted_ids_ptr", "expert_ids_ptr", "num_padded_ptr",
-                 "block_rows_ptr", "lora_map_ptr", "lora_enabled_ptr", "cnt_ptr"}  # fmt: skip
-_FP32_POINTERS = {"lora_u_ptr", "topk_w_ptr"}
+                 "block_rows_ptr", "lora_map_ptr", "lora_enabled_ptr", "cnt_ptr",
+                 "sk_cnt_ptr"}  # fmt: skip
+_FP32_POINTERS = {"lora_u_ptr", "topk_w_ptr", "sk_ws_ptr"}
 #: Strides that are 1 for contiguous operands (Triton specializes an argument equal to 1).
 _UNIT_STRIDES = {"stride_ak", "stride_bk", "stride_cn", "stride_ur", "stride_lbr", "stride_bias_n"}
 _OPS = re.compile(
@@ -47,6 +48,7 @@ _OPS = re.compile(
 def gemm_constexprs(
     *, gemm1: bool, lora: bool, block_m: int, block_n: int, block_k: int, tail_m: int = 0,
     gated: bool = True, naive: bool = False, top_k: int = 8, persistent: bool = False,
+    stream_k: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """The constexpr arguments ``fused_moe_triton`` passes for one GEMM (TMA weights, one-dot
     gated GEMM 1, TMA activations in GEMM 2, rank-16 LoRA with 4 slots)."""
@@ -58,7 +60,7 @@ def gemm_constexprs(
         NAIVE=naive, ONE_DOT=one_dot, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, BLOCK_R=16, U_SPLIT=1, RANK_MASK=False, GROUP_M=1 if block_m <= 32 else 8,
         TAIL_M=tail_m, SUM_K=0, ZERO_CNT=0, PDL=False, PDL_LATE=False, TAIL_N=0, TRIGGER=False,
-        LORA_B_AHEAD=lora, PERSISTENT=persistent,
+        LORA_B_AHEAD=lora, PERSISTENT=persistent, STREAM_K=stream_k,
     )  # fmt: skip
 
 
@@ -173,8 +175,10 @@ def report(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         kernels["shrink"] = compile_shrink(block_m=args.block_m, arch=args.arch)
     for gemm1, bn in ((True, args.block_n), (False, args.block_n2)):
         c = gemm_constexprs(gemm1=gemm1, lora=args.lora, block_m=args.block_m, block_n=bn,
-                            block_k=args.block_k, tail_m=0 if args.naive or args.persistent else args.tail_m,
-                            naive=args.naive, persistent=args.persistent)  # fmt: skip
+                            block_k=args.block_k,
+                            tail_m=0 if args.naive or args.persistent or args.stream_k else args.tail_m,
+                            naive=args.naive, persistent=args.persistent or args.stream_k,
+                            stream_k=args.stream_k)  # fmt: skip
         name = "gemm1" if gemm1 else "gemm2"
         kernels[name] = compile_gemm(
             c, num_warps=args.warps, num_stages=args.stages, arch=args.arch
@@ -192,6 +196,7 @@ def main() -> None:
     p.add_argument("--lora", action="store_true", help="with LoRA (and report the x shrink)")
     p.add_argument("--naive", action="store_true", help="decode: one pair per block")
     p.add_argument("--persistent", action="store_true", help="persistent GEMMs (tail tiles off)")
+    p.add_argument("--stream-k", action="store_true", help="persistent GEMMs with stream-K tails")
     p.add_argument("--block-m", type=int, default=128)
     p.add_argument("--block-n", type=int, default=128, help="GEMM 1 activation columns")
     p.add_argument("--block-n2", type=int, default=256, help="GEMM 2 columns")

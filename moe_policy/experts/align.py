@@ -51,14 +51,19 @@ from moe_policy.experts.workspace import Alloc, fresh
 
 #: Largest ``numel`` handled by the single-program kernel.
 FUSED_MAX = 1024
-#: Pairs per program in the multi-program path.
+#: Pairs per program in the multi-program path (a stable alignment: _STABLE_CHUNK, as each
+#: program ranks its pairs with a [chunk, bins] cumulative sum).
 _CHUNK = 1024
+_STABLE_CHUNK = 256
 #: Blocks per step when ``-1`` is written past the end of ``expert_ids``.
 _BLOCK_CHUNK = 64
 #: Programs of the multi-program offsets kernel.
 _OFFSET_PROGRAMS = 8
 #: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
 MAX_SORT_KEYS = 4096
+#: Most bins (experts + 1, to a power of two) of a stable alignment (its ranks come from a
+#: [chunk, bins] cumulative sum per program).
+STABLE_MAX_BINS = 32
 
 
 class AlignedRouting(NamedTuple):
@@ -70,6 +75,11 @@ class AlignedRouting(NamedTuple):
     block_rows: torch.Tensor
     block_m: int
     max_blocks: int
+
+
+def stable_supported(num_experts: int) -> bool:
+    """Whether ``moe_align(..., stable=True)`` takes this many experts."""
+    return triton.next_power_of_2(num_experts + 1) <= STABLE_MAX_BINS
 
 
 def max_blocks_for(numel: int, num_experts: int, block_m: int) -> int:
@@ -166,6 +176,15 @@ def _pair_keys(
 
 
 @triton.jit
+def _stable_ranks(key, NUM_BINS: tl.constexpr):
+    """Place of each pair among the earlier pairs of its key in this chunk ([CHUNK] int32): a
+    cumulative sum over one-hot rows, so the order is the pairs' own (stable, no atomics)."""
+    onehot = (key[:, None] == tl.arange(0, NUM_BINS)[None, :]).to(tl.int32)
+    before = tl.cumsum(onehot, 0) - onehot
+    return tl.sum(before * onehot, 1)
+
+
+@triton.jit
 def _sub_cursors(
     sub_counts,  # [NUM_BINS * SUB] pairs per (expert, adapter key)
     bstart,  # [NUM_BINS] first block of each expert
@@ -208,6 +227,7 @@ def _align_fused_kernel(
     NUM_BINS: tl.constexpr,  # power of two > num_experts; the last bins take dropped pairs
     CHUNK: tl.constexpr,  # power of two >= numel
     BLOCK_CHUNK: tl.constexpr,
+    STABLE: tl.constexpr = False,  # pairs keep their order inside an expert (SUB == 1)
 ):
     """Whole alignment in one program (numel <= CHUNK)."""
     # load the pairs and their keys; dropped or out-of-range pairs go to bin num_experts
@@ -226,8 +246,12 @@ def _align_fused_kernel(
     if SUB > 1:
         _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
     tl.debug_barrier()
-    # each pair takes the next free row of its key
-    pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
+    # each pair takes the next free row of its key (STABLE: its place in pair order)
+    if STABLE:
+        rank = _stable_ranks(key, NUM_BINS)
+        pos = tl.load(cursor_ptr + key, mask=keep, other=0) + rank
+    else:
+        pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
 
@@ -238,6 +262,7 @@ def _align_count_kernel(
     lora_map_ptr,
     lora_enabled_ptr,
     counts_ptr,  # [NUM_BINS * SUB] zero-filled, accumulated with atomics
+    chunk_counts_ptr,  # STABLE: [chunks, NUM_BINS] out, each chunk's counts
     # sizes
     numel,
     num_experts,
@@ -247,12 +272,17 @@ def _align_count_kernel(
     SUB: tl.constexpr,
     NUM_BINS: tl.constexpr,
     CHUNK: tl.constexpr,
+    STABLE: tl.constexpr = False,
 ):
-    """Pair counts per key (expert, or expert and adapter) of one chunk, added into counts."""
+    """Pair counts per key (expert, or expert and adapter) of one chunk, added into counts
+    (STABLE: also kept per chunk)."""
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     _keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
                             num_experts, num_slots, TOP_K, SUB)  # fmt: skip
     hist = tl.histogram(key, NUM_BINS * SUB)
+    if STABLE:
+        bins = tl.arange(0, NUM_BINS)
+        tl.store(chunk_counts_ptr + tl.program_id(0) * NUM_BINS + bins, hist)
     # accumulate real experts only
     keys = tl.arange(0, NUM_BINS * SUB)
     tl.atomic_add(counts_ptr + keys, hist, mask=(keys < num_experts * SUB) & (hist > 0),
@@ -301,7 +331,8 @@ def _align_scatter_kernel(
     lora_map_ptr,
     lora_enabled_ptr,
     sorted_ids_ptr,  # [max_blocks * BLOCK_M] out
-    cursor_ptr,  # [NUM_BINS * SUB] next free row per key
+    cursor_ptr,  # [NUM_BINS * SUB] next free row per key (STABLE: first row, read only)
+    chunk_counts_ptr,  # STABLE: [chunks, NUM_BINS] pairs per chunk and expert
     # sizes
     numel,
     num_experts,
@@ -310,12 +341,26 @@ def _align_scatter_kernel(
     TOP_K: tl.constexpr,
     SUB: tl.constexpr,
     CHUNK: tl.constexpr,
+    NUM_BINS: tl.constexpr = 1,
+    STABLE: tl.constexpr = False,
 ):
-    """Each pair of one chunk takes the next free row of its key."""
-    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    """Each pair of one chunk takes the next free row of its key (STABLE: the row after the
+    expert's pairs of earlier chunks and earlier in this chunk)."""
+    chunk = tl.program_id(0)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
     keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
                            num_experts, num_slots, TOP_K, SUB)  # fmt: skip
-    pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
+    if STABLE:
+        bins = tl.arange(0, NUM_BINS)
+        before = tl.zeros((NUM_BINS,), dtype=tl.int32)
+        for c in range(0, chunk):
+            before += tl.load(chunk_counts_ptr + c * NUM_BINS + bins)
+        rank = _stable_ranks(key, NUM_BINS)
+        onehot = key[:, None] == bins[None, :]
+        base = tl.sum(tl.where(onehot, before[None, :], 0), 1)
+        pos = tl.load(cursor_ptr + key, mask=keep, other=0) + base + rank
+    else:
+        pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
 
@@ -326,6 +371,7 @@ def moe_align(
     alloc: Alloc | None = None,
     *,
     adapter_order: tuple[torch.Tensor, torch.Tensor] | None = None,
+    stable: bool = False,
 ) -> AlignedRouting:
     """Group (token, slot) pairs by expert and pad each group to ``block_m`` (no host sync).
 
@@ -333,7 +379,9 @@ def moe_align(
     tensors); the fused MoE passes views of its idle output buffer. ``adapter_order`` =
     (token -> LoRA slot int32 [T], enabled int32 [L]): inside each expert, pairs are ordered
     by adapter (none first, then slot 0, 1, ...), so a block of a busy expert holds few
-    adapters. Blocks, padding and ``block_rows`` are the same either way."""
+    adapters. Blocks, padding and ``block_rows`` are the same either way. ``stable``: pairs
+    keep their order inside each expert, so the alignment is the same on every run (no
+    adapter order; at most ``STABLE_MAX_BINS`` bins, see ``stable_supported``)."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"topk_ids must be a 2-D int32/int64 tensor [T, k], got shape "
@@ -345,6 +393,12 @@ def moe_align(
         raise ValueError(f"block_m must be a power of two, got {block_m}")
     if not 0 < num_experts <= 1024:
         raise ValueError(f"num_experts must be in 1..1024, got {num_experts}")
+    if stable and (adapter_order is not None or not stable_supported(num_experts)):
+        raise ValueError(
+            f"a stable alignment takes no adapter order and at most {STABLE_MAX_BINS - 1} "
+            f"experts; got {num_experts} experts"
+            + (" and an adapter order" if adapter_order is not None else "")
+        )
     numel = topk_ids.numel()
     take = alloc or fresh(topk_ids.device)
     max_blocks = max_blocks_for(numel, num_experts, block_m)
@@ -372,15 +426,18 @@ def moe_align(
             topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks, slots,
             BLOCK_M=block_m, NUM_BINS=num_bins,
-            CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK, **keys,
+            CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
+            STABLE=stable, **keys,
         )  # fmt: skip
     else:
         scratch = take((2 * num_bins * sub,), torch.int32).zero_()
         counts, cursor = scratch[: num_bins * sub], scratch[num_bins * sub :]
-        grid = (triton.cdiv(numel, _CHUNK),)
+        chunk = _STABLE_CHUNK if stable else _CHUNK
+        grid = (triton.cdiv(numel, chunk),)
+        chunk_counts = take((grid[0] * num_bins,), torch.int32) if stable else counts
         _align_count_kernel[grid](
-            topk_ids, lmap, len_, counts, numel, num_experts, slots,
-            NUM_BINS=num_bins, CHUNK=_CHUNK, **keys,
+            topk_ids, lmap, len_, counts, chunk_counts, numel, num_experts, slots,
+            NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable, **keys,
         )  # fmt: skip
         _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
             counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
@@ -388,17 +445,9 @@ def moe_align(
             SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
         )  # fmt: skip
         _align_scatter_kernel[grid](
-            topk_ids,
-            lmap,
-            len_,
-            sorted_ids,
-            cursor,
-            numel,
-            num_experts,
-            slots,
-            CHUNK=_CHUNK,
-            **keys,
-        )
+            topk_ids, lmap, len_, sorted_ids, cursor, chunk_counts, numel, num_experts, slots,
+            CHUNK=chunk, NUM_BINS=num_bins, STABLE=stable, **keys,
+        )  # fmt: skip
     return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
 
 

@@ -61,7 +61,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from moe_policy.experts.align import block_pairs, moe_align
+from moe_policy.experts.align import block_pairs, moe_align, stable_supported
 from moe_policy.experts.base import (
     ExpertsConfig,
     FusedMoEExperts,
@@ -115,6 +115,9 @@ PERSISTENT_GEMMS = True
 #: Persistent GEMMs run a narrow last N tile (``N_TAIL_TILES``) in a second loop after the
 #: full-width tiles; False runs it full width, masked, in the one loop.
 PERSISTENT_NARROW_N = True
+#: Persistent GEMMs split the last, partial round of tiles along K over all programs
+#: (stream-K), where its workspace fits the memory budget; False leaves some programs idle.
+STREAM_K_TAILS = True
 
 
 @triton.jit
@@ -142,6 +145,160 @@ def _apply_act(
         else:
             out = y
     return out
+
+
+@triton.jit
+def _tile_mainloop(
+    pairs,
+    expert,
+    row0,
+    n0,
+    a_ptr,
+    b_ptr,
+    a_desc,
+    b_desc,
+    N,
+    K,
+    numel,
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bn,
+    stride_bk,
+    kk_lo,  # first and end BLOCK_K step of the K range (stream-K parts take a share)
+    kk_hi,
+    A_ROW_DIV: tl.constexpr,
+    A_SORTED: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
+    GATED: tl.constexpr,
+    ONE_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """fp32 accumulators of one tile over K steps ``[kk_lo, kk_hi)``: ``[BLOCK_M, B_COLS]`` and,
+    in the two-dot gated form, the up rows' ``[BLOCK_M, BLOCK_N]`` (zeros otherwise)."""
+    pair_mask = pairs < numel
+    # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
+    # this expert, [BLOCK_K, B_COLS]; gated one-dot tiles hold the interleaved gate/up rows of
+    # the same columns. Pointer tiles wrap N (stores are masked); TMA boxes may run into the
+    # next expert's rows or past the end (zero-filled), both masked on store too.
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    B_COLS: tl.constexpr = 2 * BLOCK_N if (GATED and ONE_DOT) else BLOCK_N
+    if A_SORTED:
+        a_rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
+    else:
+        a_rows = (pairs // A_ROW_DIV).to(tl.int64)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_base = b_ptr + expert.to(tl.int64) * stride_be
+    if GATED and ONE_DOT:
+        rows_b = (2 * n0 + tl.arange(0, B_COLS)) % (2 * N)
+    elif GATED:
+        rows_b = 2 * offs_bn  # gate rows; up rows are the next ones
+    else:
+        rows_b = offs_bn
+    b_ptrs = b_base + rows_b[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    b_row0 = expert * (2 * N if GATED else N) + n0 * (B_COLS // BLOCK_N)  # TMA: row of [E*N_B, K]
+
+    # main loop, fp32 accumulation; the two-dot gated form adds a second dot for the up rows
+    acc_b = tl.zeros((BLOCK_M, B_COLS), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    a_ptrs += kk_lo * BLOCK_K * stride_ak
+    b_ptrs += kk_lo * BLOCK_K * stride_bk
+    for kk in range(kk_lo, kk_hi):
+        k_mask = offs_k < K - kk * BLOCK_K
+        if A_TMA:
+            a = a_desc.load([row0, kk * BLOCK_K])
+        elif EVEN_K:
+            a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
+        if B_TMA:
+            b = b_desc.load([b_row0, kk * BLOCK_K]).T
+        elif EVEN_K:
+            b = tl.load(b_ptrs)
+        else:
+            b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
+        acc_b = tl.dot(a, b, acc_b)
+        if GATED and not ONE_DOT:
+            if EVEN_K:
+                b_u = tl.load(b_ptrs + stride_bn)
+            else:
+                b_u = tl.load(b_ptrs + stride_bn, mask=k_mask[:, None], other=0.0)
+            acc_u = tl.dot(a, b_u, acc_u)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc_b, acc_u
+
+
+@triton.jit
+def _tile_epilogue(
+    acc_b,
+    acc_u,
+    pairs,
+    expert,
+    row0,
+    n0,
+    c_ptr,
+    bias_ptr,
+    topk_w_ptr,
+    N,
+    numel,
+    stride_cm,
+    stride_cn,
+    stride_bias_e,
+    stride_bias_n,
+    C_SORTED: tl.constexpr,
+    C_ROW_DIV: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    WEIGHT_POS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ONE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Gate/up split, router weight, bias and activation on a tile's accumulators; store."""
+    pair_mask = pairs < numel
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N
+    if GATED and ONE_DOT:  # even columns are gate, odd columns up
+        acc, acc_u = tl.split(tl.reshape(acc_b, (BLOCK_M, BLOCK_N, 2)))
+    else:
+        acc = acc_b
+
+    # epilogue 2: router weight, bias, activation (the order of the reference)
+    if WEIGHT_POS != 0:
+        w = tl.load(topk_w_ptr + pairs, mask=pair_mask, other=0.0).to(tl.float32)
+    if WEIGHT_POS == 1:
+        acc = acc * w[:, None]
+        acc_u = acc_u * w[:, None]
+    if HAS_BIAS:
+        bias_ptrs = bias_ptr + expert.to(tl.int64) * stride_bias_e
+        if GATED:  # interleaved like w13: gate 2n, up 2n + 1
+            acc += tl.load(bias_ptrs + (2 * offs_bn) * stride_bias_n).to(tl.float32)[None, :]
+            acc_u += tl.load(bias_ptrs + (2 * offs_bn + 1) * stride_bias_n).to(tl.float32)[None, :]
+        else:
+            acc += tl.load(bias_ptrs + offs_bn * stride_bias_n).to(tl.float32)[None, :]
+    if ACT != 0:
+        acc = _apply_act(acc, acc_u, ACT, GATED, ALPHA, LIMIT)
+    if WEIGHT_POS == 2:
+        acc = acc * w[:, None]
+
+    # store the rows of real pairs (by pair, token or expert-sorted position)
+    if C_SORTED:
+        c_rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
+    else:
+        c_rows = (pairs // C_ROW_DIV).to(tl.int64)
+    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_mask = pair_mask[:, None] & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 @triton.jit
@@ -240,55 +397,11 @@ def _moe_tile(
             b_lo = 0.0
             b_hi = 0.0
 
-    # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
-    # this expert, [BLOCK_K, B_COLS]; gated one-dot tiles hold the interleaved gate/up rows of
-    # the same columns. Pointer tiles wrap N (stores are masked); TMA boxes may run into the
-    # next expert's rows or past the end (zero-filled), both masked on store too.
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_bn = offs_n % N
-    B_COLS: tl.constexpr = 2 * BLOCK_N if (GATED and ONE_DOT) else BLOCK_N
-    if A_SORTED:
-        a_rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
-    else:
-        a_rows = (pairs // A_ROW_DIV).to(tl.int64)
-    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_base = b_ptr + expert.to(tl.int64) * stride_be
-    if GATED and ONE_DOT:
-        rows_b = (2 * n0 + tl.arange(0, B_COLS)) % (2 * N)
-    elif GATED:
-        rows_b = 2 * offs_bn  # gate rows; up rows are the next ones
-    else:
-        rows_b = offs_bn
-    b_ptrs = b_base + rows_b[None, :] * stride_bn + offs_k[:, None] * stride_bk
-    b_row0 = expert * (2 * N if GATED else N) + n0 * (B_COLS // BLOCK_N)  # TMA: row of [E*N_B, K]
-
-    # main loop, fp32 accumulation; the two-dot gated form adds a second dot for the up rows
-    acc_b = tl.zeros((BLOCK_M, B_COLS), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k < K - kk * BLOCK_K
-        if A_TMA:
-            a = a_desc.load([row0, kk * BLOCK_K])
-        elif EVEN_K:
-            a = tl.load(a_ptrs, mask=pair_mask[:, None], other=0.0)
-        else:
-            a = tl.load(a_ptrs, mask=pair_mask[:, None] & k_mask[None, :], other=0.0)
-        if B_TMA:
-            b = b_desc.load([b_row0, kk * BLOCK_K]).T
-        elif EVEN_K:
-            b = tl.load(b_ptrs)
-        else:
-            b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
-        acc_b = tl.dot(a, b, acc_b)
-        if GATED and not ONE_DOT:
-            if EVEN_K:
-                b_u = tl.load(b_ptrs + stride_bn)
-            else:
-                b_u = tl.load(b_ptrs + stride_bn, mask=k_mask[:, None], other=0.0)
-            acc_u = tl.dot(a, b_u, acc_u)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc_b, acc_u = _tile_mainloop(
+        pairs, expert, row0, n0, a_ptr, b_ptr, a_desc, b_desc, N, K, numel,
+        stride_am, stride_ak, stride_be, stride_bn, stride_bk, 0, tl.cdiv(K, BLOCK_K),
+        A_ROW_DIV, A_SORTED, A_TMA, B_TMA, GATED, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     # epilogue 1: LoRA delta u @ B^T for rows with an adapter (exactly zero for the others),
     # one small dot per slot present, into the accumulators as the MMA left them (before a
     # one-dot tile's gate/up split)
@@ -309,37 +422,12 @@ def _moe_tile(
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr, s_lo, s_hi, b_lo, b_hi,
                 BLOCK_R, 1, U_SPLIT, dt, RANK_MASK, False,
             )  # fmt: skip
-    if GATED and ONE_DOT:  # even columns are gate, odd columns up
-        acc, acc_u = tl.split(tl.reshape(acc_b, (BLOCK_M, BLOCK_N, 2)))
-    else:
-        acc = acc_b
-
-    # epilogue 2: router weight, bias, activation (the order of the reference)
-    if WEIGHT_POS != 0:
-        w = tl.load(topk_w_ptr + pairs, mask=pair_mask, other=0.0).to(tl.float32)
-    if WEIGHT_POS == 1:
-        acc = acc * w[:, None]
-        acc_u = acc_u * w[:, None]
-    if HAS_BIAS:
-        bias_ptrs = bias_ptr + expert.to(tl.int64) * stride_bias_e
-        if GATED:  # interleaved like w13: gate 2n, up 2n + 1
-            acc += tl.load(bias_ptrs + (2 * offs_bn) * stride_bias_n).to(tl.float32)[None, :]
-            acc_u += tl.load(bias_ptrs + (2 * offs_bn + 1) * stride_bias_n).to(tl.float32)[None, :]
-        else:
-            acc += tl.load(bias_ptrs + offs_bn * stride_bias_n).to(tl.float32)[None, :]
-    if ACT != 0:
-        acc = _apply_act(acc, acc_u, ACT, GATED, ALPHA, LIMIT)
-    if WEIGHT_POS == 2:
-        acc = acc * w[:, None]
-
-    # store the rows of real pairs (by pair, token or expert-sorted position)
-    if C_SORTED:
-        c_rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
-    else:
-        c_rows = (pairs // C_ROW_DIV).to(tl.int64)
-    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    c_mask = pair_mask[:, None] & (offs_n[None, :] < N)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    _tile_epilogue(
+        acc_b, acc_u, pairs, expert, row0, n0, c_ptr, bias_ptr, topk_w_ptr, N, numel,
+        stride_cm, stride_cn, stride_bias_e, stride_bias_n,
+        C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, ONE_DOT,
+        BLOCK_M, BLOCK_N,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["numel", "num_blocks", "num_slots", "lora_rank"])
@@ -363,6 +451,8 @@ def _moe_gemm_kernel(
     lora_enabled_ptr,  # [L] int32
     sum_ptr,  # [T, N] layer output, unit stride along N (SUM_K: the fused top-k sum)
     cnt_ptr,  # the output's bytes as int32: one arrival counter per (token, N tile)
+    sk_ws_ptr,  # STREAM_K: [programs, BLOCK_M, B_COLS] fp32 partial tiles
+    sk_cnt_ptr,  # STREAM_K: [programs] int32 arrival counters, zero between uses
     # sizes
     N,
     K,
@@ -429,6 +519,7 @@ def _moe_gemm_kernel(
     TRIGGER: tl.constexpr,  # let the next kernel (a dependent launch) start once all have begun
     LORA_B_AHEAD: tl.constexpr,  # LoRA: B tiles of the block's lowest/highest slot before the loop
     PERSISTENT: tl.constexpr,  # aligned, no tail tiles: each program loops over tiles (flattened)
+    STREAM_K: tl.constexpr,  # PERSISTENT: the last, partial round of tiles split along K
 ):
     """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block,
     a TAIL_N-wide one, with pointer loads, for the last N tile of a full block).
@@ -453,7 +544,14 @@ def _moe_gemm_kernel(
         # with a narrow last N tile (TAIL_N), the full-width tiles first, then one narrow
         # tile per block in a second loop
         n_full = N // BLOCK_N if TAIL_N > 0 else tl.cdiv(N, BLOCK_N)
-        for tile in tl.range(pid, live_m * n_full, num_p, flatten=True):
+        # stream-K: whole rounds of tiles one per program, then a last round of at most half
+        # the programs' count split along K (a fuller one runs whole, in this loop)
+        n_round = live_m * n_full
+        if STREAM_K:
+            rest = n_round % num_p
+            split = (rest > 0) & (2 * rest <= num_p) & (tl.cdiv(K, BLOCK_K) >= 2)
+            n_round -= tl.where(split, rest, 0)
+        for tile in tl.range(pid, n_round, num_p, flatten=True):
             tile_m, tile_n = _grouped_tile(tile, live_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
             pairs_p, expert_p, _, row0_p = block_pairs(
                 tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
@@ -471,10 +569,21 @@ def _moe_gemm_kernel(
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                 BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
+        if STREAM_K:
+            _stream_k_tail(
+                pid, num_p, n_round, live_m * n_full - n_round, live_m, n_full,
+                a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr, topk_w_ptr, topk_ids_ptr,
+                sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
+                sk_ws_ptr, sk_cnt_ptr, N, K, numel, num_experts,
+                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                stride_bias_e, stride_bias_n,
+                A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT,
+                WEIGHT_POS, HAS_BIAS, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            )  # fmt: skip
         if TAIL_N > 0:
             # narrow tiles continue the round robin where the full ones stopped, so programs
-            # that had one full tile fewer take them first
-            first = (pid + num_p - (live_m * n_full) % num_p) % num_p
+            # that had one full tile fewer take them first (all alike after a stream-K tail)
+            first = (pid + num_p - n_round % num_p) % num_p
             for tile_m in range(first, live_m, num_p):
                 pairs_p, expert_p, _, row0_p = block_pairs(
                     tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
@@ -569,6 +678,108 @@ def _moe_gemm_kernel(
             pid_m, pid_n, c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts,
             stride_cm, stride_cn, stride_st, stride_cnt_t, cnt_step, SUM_K, BLOCK_N,
         )  # fmt: skip
+
+
+@triton.jit
+def _stream_k_tail(
+    pid,
+    num_p,
+    first_tile,  # tiles before this one ran whole, one per program
+    n_tiles,  # tiles left, fewer than programs
+    live_m,
+    n_full,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    a_desc,
+    b_desc,
+    bias_ptr,
+    topk_w_ptr,
+    topk_ids_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    block_rows_ptr,
+    ws_ptr,  # [num_p, BLOCK_M, B_COLS] fp32
+    cnt_ptr,  # [num_p] int32, zero on entry; left zero
+    N,
+    K,
+    numel,
+    num_experts,
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bn,
+    stride_bk,
+    stride_cm,
+    stride_cn,
+    stride_bias_e,
+    stride_bias_n,
+    A_ROW_DIV: tl.constexpr,
+    A_SORTED: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
+    C_SORTED: tl.constexpr,
+    C_ROW_DIV: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    WEIGHT_POS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ONE_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """The last, partial round of tiles (fewer than programs), split along K into ``S`` equal
+    parts, ``S = programs // tiles``: program ``s * tiles + j`` runs part ``s`` of tile ``j``,
+    so the programs of one N column of a group run the same K range together and share the
+    expert's weight tiles in L2. With ``S`` = 1 each tile runs whole. Split tiles: every part
+    stores its partial sums, and the last to arrive adds the ``S`` parts in order
+    (deterministic) and runs the epilogue; no program waits on another (the interpreter runs
+    programs one by one)."""
+    steps = tl.cdiv(K, BLOCK_K)
+    n_div = tl.maximum(n_tiles, 1)
+    per = tl.cdiv(steps, tl.maximum(num_p // n_div, 1))  # K steps per part
+    parts = tl.cdiv(steps, per)  # every part non-empty
+    part = pid // n_div
+    j = pid % n_div
+    if (part < parts) & (j < n_tiles):
+        lo = part * per
+        hi = tl.minimum(lo + per, steps)
+        tile_m, tile_n = _grouped_tile(first_tile + j, live_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
+        pairs, expert, _, row0 = block_pairs(
+            tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
+            topk_ids_ptr, numel, num_experts, BLOCK_M, False,
+        )  # fmt: skip
+        acc_b, acc_u = _tile_mainloop(
+            pairs, expert, row0, tile_n * BLOCK_N, a_ptr, b_ptr, a_desc, b_desc, N, K, numel,
+            stride_am, stride_ak, stride_be, stride_bn, stride_bk, lo, hi,
+            A_ROW_DIV, A_SORTED, A_TMA, B_TMA, GATED, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        last = parts == 1
+        if not last:
+            B_COLS: tl.constexpr = 2 * BLOCK_N if (GATED and ONE_DOT) else BLOCK_N
+            offs = tl.arange(0, BLOCK_M)[:, None] * B_COLS + tl.arange(0, B_COLS)[None, :]
+            tl.store(ws_ptr + pid.to(tl.int64) * (BLOCK_M * B_COLS) + offs, acc_b)
+            tl.debug_barrier()  # every thread's partial before the counter's release
+            last = tl.atomic_add(cnt_ptr + j, 1, sem="acq_rel", scope="gpu") == parts - 1
+            if last:
+                acc_b = tl.zeros((BLOCK_M, B_COLS), dtype=tl.float32)
+                for q in range(0, parts):
+                    src = (q * n_tiles + j).to(tl.int64) * (BLOCK_M * B_COLS)
+                    acc_b += tl.load(ws_ptr + src + offs, cache_modifier=".cg")
+                tl.store(cnt_ptr + j, 0)  # zero again for the next use
+        if last:
+            _tile_epilogue(
+                acc_b, acc_u, pairs, expert, row0, tile_n * BLOCK_N, c_ptr, bias_ptr,
+                topk_w_ptr, N, numel, stride_cm, stride_cn, stride_bias_e, stride_bias_n,
+                C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, ONE_DOT,
+                BLOCK_M, BLOCK_N,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -850,6 +1061,19 @@ def fused_moe_triton(
     # batches without LoRA (with LoRA the expand's loop keeps the tile loop from being
     # flattened: H200 3-27% slower)
     persist = PERSISTENT_GEMMS and cfg.persistent and not naive and lora is None
+    # stream-K tails of persistent GEMMs: partial tiles for one program per SM, where they fit
+    # the memory the two activation buffers leave of issue 4's budget, with a stable alignment
+    # (a pair's sums must not depend on which block the atomics put it in) and not in the
+    # two-dot gated form (its up rows would need a second partial)
+    g1 = cfg.gemm1
+    one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
+    sk_elems = stream_k_workspace_elems(
+        sm_count(x.device), bm, max((2 if gated else 1) * g1.block_n, cfg.gemm2.block_n)
+    )
+    stream_k = (
+        persist and STREAM_K_TAILS and (one_dot1 or not gated) and stable_supported(e)
+        and 4 * sk_elems <= stream_k_headroom_bytes(numel, n1, h, x.element_size(), direct)
+    )  # fmt: skip
     if naive:
         num_blocks = numel
         sorted_ids = expert_ids = num_padded = block_rows = topk_ids  # unused placeholders
@@ -861,7 +1085,7 @@ def fused_moe_triton(
         order = None
         if lora is not None and numel > e * bm:
             order = (lora.token_lora_mapping, lora.adapters.enabled)
-        routing = moe_align(topk_ids, e, bm, alloc=work.take, adapter_order=order)
+        routing = moe_align(topk_ids, e, bm, alloc=work.take, adapter_order=order, stable=stream_k)
         num_blocks = routing.max_blocks
         sorted_ids, expert_ids, num_padded, block_rows = (
             routing.sorted_ids,
@@ -922,8 +1146,6 @@ def fused_moe_triton(
 
     # GEMM 1 + activation -> act [numel, I], rows in expert-sorted order
     act_out = torch.empty(numel, i, dtype=x.dtype, device=x.device)
-    g1 = cfg.gemm1
-    one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
     b1_desc = _weight_descriptor(w13, (2 if one_dot1 else 1) * g1.block_n, g1)
     # a persistent entry run per tile (with LoRA, or the switch off) takes the default tail
     # tiles its persistent loop cannot run (H200, LoRA: -2 to -4% at Qwen3 T=4096/8192 and
@@ -943,8 +1165,9 @@ def fused_moe_triton(
         and (cfg.trigger if cfg.trigger is not None
              else numel * triton.cdiv(i, g1.block_n) <= sm_count(x.device))
     )  # fmt: skip
+    sk = _stream_k_buffers(sk_elems, sm_count(x.device), x.device) if stream_k else None
     common = dict(
-        route=route, lora_args=(lmap, len_, slots, rank), numel=numel, num_experts=e,
+        route=route, lora_args=(lmap, len_, slots, rank), numel=numel, num_experts=e, sk=sk,
         num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, RANK_MASK=rank < block_r,
         TOP_K=k,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit), HAS_LORA=has_lora, TAIL_M=tail_m,
@@ -1017,6 +1240,7 @@ def _launch_gemm(
     num_experts: int,
     num_blocks: int,
     sum_args: tuple[Any, ...] | None,
+    sk: tuple[torch.Tensor, torch.Tensor] | None,
     **constexprs: Any,
 ) -> None:
     """One grouped GEMM: ``c = epilogue(a @ w[e]^T)`` over the aligned blocks (see the kernel)."""
@@ -1031,7 +1255,8 @@ def _launch_gemm(
     grid = min(tiles, sm_count(a.device)) if persist else tiles
     _moe_gemm_kernel[(grid,)](
         a, w, c, a_desc, b_desc, bias if bias is not None else a, *route, u, lb, lmap, len_,
-        sum_out, cnt, n, k_dim, numel, num_experts, num_blocks, slots, rank, num_tokens, n_cnt,
+        sum_out, cnt, *(sk or (c, cnt)),
+        n, k_dim, numel, num_experts, num_blocks, slots, rank, num_tokens, n_cnt,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
         *(bias.stride() if bias is not None else (0, 0)),
         *(u.stride() if has_lora else (0, 0, 0, 0)),
@@ -1040,9 +1265,31 @@ def _launch_gemm(
         EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
         TAIL_N=_narrow_tail(n, g.block_n) if PERSISTENT_NARROW_N or not persist else 0,
+        STREAM_K=persist and sk is not None,
         num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=constexprs["PDL"],
         **constexprs,
     )  # fmt: skip
+
+
+def stream_k_workspace_elems(programs: int, block_m: int, b_cols: int) -> int:
+    """fp32 elements of the stream-K partial tiles: one per program."""
+    return programs * block_m * b_cols
+
+
+def stream_k_headroom_bytes(numel: int, n1: int, h: int, elem: int, direct: bool) -> int:
+    """Bytes issue 4's budget (one ``numel x max(N1, H)`` and one ``numel x I`` buffer) leaves
+    beside the call's own: its ``numel x H`` GEMM-2 output (none when k = 1, ``direct``)."""
+    return numel * (max(n1, h) - (0 if direct else h)) * elem
+
+
+def _stream_k_buffers(
+    elems: int, programs: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial tiles (uninitialised) and zeroed arrival counters for stream-K tails."""
+    return (
+        torch.empty(elems, dtype=torch.float32, device=device),
+        torch.zeros(programs, dtype=torch.int32, device=device),
+    )
 
 
 def _narrow_tail(n: int, block_n: int) -> int:

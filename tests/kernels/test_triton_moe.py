@@ -27,7 +27,7 @@ from moe_cases import (  # noqa: E402
 
 from moe_policy.experts import triton_config as tc  # noqa: E402
 from moe_policy.experts.align import FUSED_MAX, moe_align  # noqa: E402
-from moe_policy.experts.base import ExpertsConfig  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig, sm_count  # noqa: E402
 from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
 from moe_policy.experts.triton_moe import TritonExperts, _moe_gemm_kernel, fused_moe_triton  # noqa: E402
 
@@ -192,6 +192,50 @@ def test_alignment_drops_invalid_experts(device):
         ti[::3, 0] = -1
         ti[1::5, 1] = 8
         _check_alignment(ti, 8, 16)
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "e", "block_m"),
+    [
+        (9, 2, 8, 16),  # one program
+        (FUSED_MAX // 2 + 7, 2, 8, 16),  # one program, nearly full
+        (3000, 2, 8, 128),  # several chunks (multi-program path), Mixtral-like
+        (700, 3, 16, 32),  # several chunks, 16 experts
+    ],
+)
+def test_stable_alignment_keeps_pair_order_inside_each_expert(t, k, e, block_m, device):
+    """A stable alignment is a valid alignment whose pairs are in ascending order inside each
+    expert (dropped pairs left out), so it is the same on every run; it has the plain
+    alignment's blocks and padding."""
+    _, ti = make_routing(t, e, k, device)
+    ti[::7, 0] = -1  # a pair for another rank
+    r = moe_align(ti, e, block_m, stable=True)
+    _check_alignment(ti, e, block_m, routing=r)
+    flat = ti.flatten().long().cpu()
+    n = int(r.num_padded)
+    rows = r.sorted_ids[:n].long().cpu()
+    real = rows[rows < ti.numel()]
+    for ex in range(e):
+        mine = real[flat[real] == ex]
+        assert mine.tolist() == torch.nonzero(flat == ex).flatten().tolist()
+    plain = moe_align(ti, e, block_m)
+    assert int(plain.num_padded) == n
+    assert torch.equal(plain.expert_ids.cpu(), r.expert_ids.cpu())
+    assert torch.equal(moe_align(ti, e, block_m, stable=True).sorted_ids[:n], r.sorted_ids[:n])
+
+
+def test_stable_alignment_limits(device):
+    """Stable order takes no adapter order and at most STABLE_MAX_BINS - 1 experts."""
+    from moe_policy.experts.align import STABLE_MAX_BINS, stable_supported
+
+    ti = torch.zeros(4, 2, dtype=torch.int32, device=device)
+    assert stable_supported(STABLE_MAX_BINS - 1) and not stable_supported(STABLE_MAX_BINS)
+    with pytest.raises(ValueError, match="at most 31 experts; got 128 experts"):
+        moe_align(ti, 128, 16, stable=True)
+    order = (torch.zeros(4, dtype=torch.int32, device=device),
+             torch.ones(1, dtype=torch.int32, device=device))  # fmt: skip
+    with pytest.raises(ValueError, match="and an adapter order"):
+        moe_align(ti, 8, 16, stable=True, adapter_order=order)
 
 
 def test_alignment_int64_ids(device):
@@ -704,7 +748,6 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
     """Persistent GEMMs (one program per SM walking the tiles) compute what one program per
     tile computes, bit for bit in fp32 off the GPU, and match the reference."""
     from moe_policy.experts import triton_moe
-    from moe_policy.experts.base import sm_count
 
     dtype = dtypes_for_device()[-1]
     cfg = ExpertsConfig(8, 72, 40, 3, act, gated=gated, has_bias=True,
@@ -776,6 +819,93 @@ def test_persistent_gemms_edge_routings(case, device):
         assert not bool(persistent.any())
     else:
         assert rel_err(persistent, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    ("act", "gated", "k", "on_input", "t"),
+    # off the GPU (4 "SMs") these T give 9 live 32-row blocks: 27 GEMM-1 tiles (a last round
+    # of 3, run whole) and 18 GEMM-2 tiles (a last round of 2, split in two along K)
+    [("silu", True, 3, False, 71), ("relu2", False, 2, True, 95), ("gelu", True, 1, False, 189)],
+    ids=["one-dot-gated", "nongated-weight-on-input", "k1-direct"],
+)
+def test_stream_k_tails_match_whole_tiles(act, gated, k, on_input, t, device, monkeypatch):
+    """Persistent GEMMs whose last round of tiles is split along K over all programs compute
+    what whole tiles compute (up to fp32 summation order), match the reference, give the same
+    bits on every run, read no partial tile they did not write (the workspace starts as NaN)
+    and leave their arrival counters zero."""
+    from moe_policy.experts import triton_moe
+
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(8, 72, 40, k, act, gated=gated, has_bias=True,
+                        apply_router_weight_on_input=on_input)  # fmt: skip
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    t = 2000 if ON_GPU else t
+    x = make_x(t, 72, dtype, device)
+    tw, ti = make_routing(t, 8, k, device, seed=11)
+    live_m = int(moe_align(ti, 8, PERSISTENT_TILES.block_m).num_padded) // 32
+    sms = sm_count(x.device)
+    rest = [(live_m * n) % sms for n in (3, 2)]  # last-round tiles; N tiles: 40/16, 72/32
+    partial_round = any(0 < r <= sms // 2 for r in rest)  # split along K in 2 or more parts
+    assert partial_round or ON_GPU
+    monkeypatch.setattr(triton_moe, "stream_k_headroom_bytes", lambda *a: 1 << 40)
+    made = []
+
+    def buffers(elems, programs, dev):
+        ws, cnt = (
+            torch.full((elems,), float("nan"), device=dev),
+            torch.zeros(programs, dtype=torch.int32, device=dev),
+        )
+        made.append((ws, cnt))
+        return ws, cnt
+
+    monkeypatch.setattr(triton_moe, "_stream_k_buffers", buffers)
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+
+    def run(c):
+        return fused_moe_triton(
+            x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
+            w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
+            apply_router_weight_on_input=on_input, config=c,
+        )  # fmt: skip
+
+    split = run(PERSISTENT_TILES)
+    again = run(PERSISTENT_TILES)
+    assert [kw["STREAM_K"] for _, kw in gemms] == [True, True, True, True]
+    monkeypatch.setattr(triton_moe, "STREAM_K_TAILS", False)
+    whole = run(PERSISTENT_TILES)
+    assert [kw["STREAM_K"] for _, kw in gemms[4:]] == [False, False]
+    assert torch.equal(split, again)
+    assert not bool(split.isnan().any())
+    assert rel_err(split, whole.double()) < (1e-3 if ON_GPU else 1e-6)
+    assert rel_err(split, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+    ws, cnt = made[0]
+    assert not bool(cnt.any())  # every split tile's last arrival zeroed its counter
+    # tiles of the partial round were split and their partial sums went through the workspace
+    assert bool(ws.isnan().all()) is not partial_round
+
+
+def test_stream_k_needs_room_in_the_memory_budget(device, monkeypatch):
+    """The stream-K workspace is allocated only inside issue 4's budget: what one
+    ``numel x max(N1, H)`` buffer leaves beside GEMM 2's ``numel x H`` output (all of it
+    when k = 1, where GEMM 2 writes the layer output)."""
+    from moe_policy.experts import triton_moe
+
+    assert triton_moe.stream_k_headroom_bytes(2048, 28672, 4096, 2, False) == 2048 * 24576 * 2
+    assert triton_moe.stream_k_headroom_bytes(100, 1536, 2048, 2, False) == 0  # Qwen3: N1 < H
+    assert triton_moe.stream_k_headroom_bytes(100, 1536, 2048, 2, True) == 100 * 2048 * 2
+    assert triton_moe.stream_k_workspace_elems(132, 128, 256) == 132 * 128 * 256
+    cfg = ExpertsConfig(8, 72, 40, 3, "silu", has_bias=False)
+    wts = make_weights(cfg, torch.float32, device)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
+    x = make_x(90, 72, torch.float32, device)
+    tw, ti = make_routing(90, 8, 3, device, seed=11)
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=PERSISTENT_TILES)
+    # 270 pairs x (80 - 72) columns x 4 bytes is less than 4 programs' partial tiles
+    assert [kw["STREAM_K"] for _, kw in gemms] == [False, False]
 
 
 def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatch):
