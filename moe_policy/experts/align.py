@@ -30,9 +30,12 @@ above the slot count), so a block holds few adapters. Counts, blocks, padding an
 
 Limits. Pairs whose expert id is outside ``[0, E)`` (experts on another rank) are dropped.
 The order of pairs inside one expert (or one adapter key) is not stable (GPU atomics hand
-out the ranks); the GEMMs treat rows independently, so results do not depend on it. ``E``
-up to 1024; adapter order only while ``E`` bins times ``SUB`` stay within
-``MAX_SORT_KEYS``.
+out the ranks); whole-K tiles treat rows independently, so their results do not depend on
+it. ``stable=True`` (at most ``STABLE_MAX_BINS - 1`` experts, no adapter order) keeps the
+pairs' own order instead: each chunk's counts are kept and every pair's rank comes from a
+cumulative sum, so a GEMM that splits some tiles along K (stream-K tails) gives the same
+bits on every run. ``E`` up to 1024; adapter order only while ``E`` bins times ``SUB`` stay
+within ``MAX_SORT_KEYS``.
 Small problems (``numel <= FUSED_MAX``) use one program of one kernel; larger ones use a
 zero-filled counter buffer, a counting kernel, an offsets kernel (a few programs, each
 recomputing the prefix sums and writing every expert's j-th block for its share of j) and a

@@ -39,6 +39,10 @@ Persistent GEMMs (``MoEConfig.persistent``, aligned batches without LoRA): one p
 walks the tiles ``pid, pid + P, ...``; Triton flattens the tile loop and the K loop into one
 software-pipelined loop, so the next tile's loads are in flight during this tile's epilogue
 (no tail tiles there); a narrow last N tile (``TAIL_N``) runs in a second loop, one per block.
+A last round that fills at most half the programs is split along K (``STREAM_K_TAILS``,
+``_stream_k_tail``) where the partial tiles fit the memory budget and the alignment can be
+stable (few experts): Mixtral's K = 14336 tiles otherwise leave most SMs idle for a whole
+tile.
 
 Limits: bf16/fp16/fp32 activations and weights of one dtype; ``E <= 1024``; no host
 synchronisation (grids come from static bounds, empty blocks exit early), so ``apply`` can be
@@ -47,7 +51,7 @@ second is skipped when k = 1). The alignment's int32 tables and, with LoRA, the 
 outputs (``[S, T*k, R]`` and ``[T*k, R]``, times the split-K parts, at most 8, when fewer than
 ``SHRINK_MIN_PROGRAMS`` blocks exist) are carved out of the output and the ``[T*k, H]`` buffer
 while those are idle (``workspace.Workspace``); only what does not fit, or everything when
-k = 1, is allocated on its own.
+k = 1, is allocated on its own. Stream-K tails add one fp32 tile per SM and a counter each.
 """
 
 from __future__ import annotations
