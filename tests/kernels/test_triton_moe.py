@@ -731,6 +731,19 @@ PERSISTENT_TILES = tc.MoEConfig(
 )  # fmt: skip
 
 
+def _layer_call(x, conv, tw, ti, act, gated, on_input):
+    """config -> fused_moe_triton on these inputs and converted weights (with biases)."""
+
+    def run(c):
+        return fused_moe_triton(
+            x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
+            w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
+            apply_router_weight_on_input=on_input, config=c,
+        )  # fmt: skip
+
+    return run
+
+
 @pytest.mark.parametrize(
     ("act", "gated", "tiles", "routing", "on_input"),
     [
@@ -761,12 +774,7 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
     tw, ti = make_routing(t, 8, 3, device, kind=routing, seed=5)
     gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
 
-    def run(c):
-        return fused_moe_triton(
-            x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
-            w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
-            apply_router_weight_on_input=on_input, config=c,
-        )  # fmt: skip
+    run = _layer_call(x, conv, tw, ti, act, gated, on_input)
 
     persistent = run(tiles)
     per_tile = run(dataclasses.replace(tiles, persistent=False))
@@ -864,12 +872,7 @@ def test_stream_k_tails_match_whole_tiles(act, gated, k, on_input, t, device, mo
     monkeypatch.setattr(triton_moe, "_stream_k_buffers", buffers)
     gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
 
-    def run(c):
-        return fused_moe_triton(
-            x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
-            w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
-            apply_router_weight_on_input=on_input, config=c,
-        )  # fmt: skip
+    run = _layer_call(x, conv, tw, ti, act, gated, on_input)
 
     split = run(PERSISTENT_TILES)
     again = run(PERSISTENT_TILES)
