@@ -119,8 +119,9 @@ PERSISTENT_GEMMS = True
 #: Persistent GEMMs run a narrow last N tile (``N_TAIL_TILES``) in a second loop after the
 #: full-width tiles; False runs it full width, masked, in the one loop.
 PERSISTENT_NARROW_N = True
-#: Persistent GEMMs split the last, partial round of tiles along K over all programs
-#: (stream-K), where its workspace fits the memory budget; False leaves some programs idle.
+#: Persistent GEMMs split a last round of tiles that fills at most half the programs along K
+#: (stream-K) where the partial tiles fit the memory budget and the alignment can be stable
+#: (at most 31 experts); False leaves the idle programs idle.
 STREAM_K_TAILS = True
 
 
