@@ -173,11 +173,12 @@ def report(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     kernels: dict[str, Any] = {}
     if args.lora:
         kernels["shrink"] = compile_shrink(block_m=args.block_m, arch=args.arch)
+    persistent = args.persistent or args.stream_k
     for gemm1, bn in ((True, args.block_n), (False, args.block_n2)):
         c = gemm_constexprs(gemm1=gemm1, lora=args.lora, block_m=args.block_m, block_n=bn,
                             block_k=args.block_k,
-                            tail_m=0 if args.naive or args.persistent or args.stream_k else args.tail_m,
-                            naive=args.naive, persistent=args.persistent or args.stream_k,
+                            tail_m=0 if args.naive or persistent else args.tail_m,
+                            naive=args.naive, persistent=persistent,
                             stream_k=args.stream_k)  # fmt: skip
         name = "gemm1" if gemm1 else "gemm2"
         kernels[name] = compile_gemm(

@@ -181,10 +181,11 @@ def _pair_keys(
 @triton.jit
 def _stable_ranks(key, NUM_BINS: tl.constexpr):
     """Place of each pair among the earlier pairs of its key in this chunk ([CHUNK] int32): a
-    cumulative sum over one-hot rows, so the order is the pairs' own (stable, no atomics)."""
+    cumulative sum over one-hot rows, so the order is the pairs' own (stable, no atomics);
+    and the one-hot rows ([CHUNK, NUM_BINS] int32)."""
     onehot = (key[:, None] == tl.arange(0, NUM_BINS)[None, :]).to(tl.int32)
     before = tl.cumsum(onehot, 0) - onehot
-    return tl.sum(before * onehot, 1)
+    return tl.sum(before * onehot, 1), onehot
 
 
 @triton.jit
@@ -251,7 +252,7 @@ def _align_fused_kernel(
     tl.debug_barrier()
     # each pair takes the next free row of its key (STABLE: its place in pair order)
     if STABLE:
-        rank = _stable_ranks(key, NUM_BINS)
+        rank, _ = _stable_ranks(key, NUM_BINS)
         pos = tl.load(cursor_ptr + key, mask=keep, other=0) + rank
     else:
         pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
@@ -358,9 +359,8 @@ def _align_scatter_kernel(
         before = tl.zeros((NUM_BINS,), dtype=tl.int32)
         for c in range(0, chunk):
             before += tl.load(chunk_counts_ptr + c * NUM_BINS + bins)
-        rank = _stable_ranks(key, NUM_BINS)
-        onehot = key[:, None] == bins[None, :]
-        base = tl.sum(tl.where(onehot, before[None, :], 0), 1)
+        rank, onehot = _stable_ranks(key, NUM_BINS)
+        base = tl.sum(onehot * before[None, :], 1)
         pos = tl.load(cursor_ptr + key, mask=keep, other=0) + base + rank
     else:
         pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")

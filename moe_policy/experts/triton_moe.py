@@ -1072,13 +1072,12 @@ def fused_moe_triton(
     # two-dot gated form (its up rows would need a second partial)
     g1 = cfg.gemm1
     one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
-    sk_elems = stream_k_workspace_elems(
-        sm_count(x.device), bm, max((2 if gated else 1) * g1.block_n, cfg.gemm2.block_n)
-    )
-    stream_k = (
-        persist and STREAM_K_TAILS and (one_dot1 or not gated) and stable_supported(e)
-        and 4 * sk_elems <= stream_k_headroom_bytes(numel, n1, h, x.element_size(), direct)
-    )  # fmt: skip
+    stream_k = persist and STREAM_K_TAILS and (one_dot1 or not gated) and stable_supported(e)
+    if stream_k:  # (decode never gets here: no device query on its path)
+        sk_elems = stream_k_workspace_elems(
+            sm_count(x.device), bm, max((2 if gated else 1) * g1.block_n, cfg.gemm2.block_n)
+        )
+        stream_k = 4 * sk_elems <= stream_k_headroom_bytes(numel, n1, h, x.element_size(), direct)
     if naive:
         num_blocks = numel
         sorted_ids = expert_ids = num_padded = block_rows = topk_ids  # unused placeholders
@@ -1270,7 +1269,7 @@ def _launch_gemm(
         EVEN_K=k_dim % g.block_k == 0, U_SPLIT=u.shape[0] if has_lora else 1,
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
         TAIL_N=_narrow_tail(n, g.block_n) if PERSISTENT_NARROW_N or not persist else 0,
-        STREAM_K=persist and sk is not None,
+        STREAM_K=sk is not None,
         num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=constexprs["PDL"],
         **constexprs,
     )  # fmt: skip
