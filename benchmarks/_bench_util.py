@@ -47,6 +47,8 @@ SHAPES: dict[str, MoEShape] = {
     "mixtral-8x7b": MoEShape("mixtral-8x7b", 8, 4096, 14336, 2, True, "silu"),
     "qwen3-30b-a3b": MoEShape("qwen3-30b-a3b", 128, 2048, 768, 8, True, "silu"),
     "gpt-oss-20b": MoEShape("gpt-oss-20b", 32, 2880, 2880, 4, True, "swigluoai", has_bias=True),
+    # routed experts of DeepSeek-V3 in bf16 (the checkpoint is fp8): no tuned file, the heuristic
+    "deepseek-v3": MoEShape("deepseek-v3", 256, 7168, 2048, 8, True, "silu"),
 }
 
 

@@ -169,14 +169,20 @@ def default_pdl(num_tokens: int, num_experts: int, top_k: int) -> bool:
 def heuristic_config(
     num_tokens: int, num_experts: int, top_k: int, hidden: int, inter: int, gated: bool
 ) -> MoEConfig:
-    """Batch-aware default: small BLOCK_M for decode, 128-row wgmma tiles for prefill."""
+    """Batch-aware default: small BLOCK_M for decode, 128-row wgmma tiles for prefill.
+
+    128-row tiles from 64 pairs per expert on (half-height tiles for the experts' short last
+    blocks), persistent GEMMs from 128 on: the H200 files chose 128 rows at every tuned point
+    with 64-128 pairs per expert (Mixtral T=256, Qwen3 T=1024, gpt-oss T=1024), and on
+    DeepSeek-V3's routed experts (no tuned file) 64-row tiles took 1.13x as long at T=2048 and
+    1.38x at T=4096 (``results/ab_heuristic_block_m_h200.txt``)."""
     pairs = max(1, num_tokens * top_k)
     per_expert = pairs / num_experts
     if per_expert <= 16:
         block_m = 16
     elif per_expert <= 32:
         block_m = 32
-    elif per_expert <= 128:
+    elif per_expert < 64:
         block_m = 64
     else:
         block_m = 128
@@ -209,7 +215,9 @@ def heuristic_config(
                  block_k=_pow2_at_most(hidden, g1.block_k), tma=True)  # fmt: skip
     g2 = replace(g2, block_n=_pow2_at_most(hidden, g2.block_n),
                  block_k=_pow2_at_most(inter, g2.block_k), tma=True)  # fmt: skip
-    persistent = default_persistent(block_m, inter, hidden, g1.block_n, g2.block_n)
+    persistent = per_expert >= 128 and default_persistent(
+        block_m, inter, hidden, g1.block_n, g2.block_n
+    )
     return MoEConfig(
         block_m, _fit_stages(block_m, g1, b1), _fit_stages(block_m, g2, 1),
         tail_m=0 if persistent else default_tail_m(block_m),

@@ -467,9 +467,10 @@ def test_config_keys_are_kernel_arguments():
         assert f.upper() in names, f
 
 
-@pytest.mark.parametrize("t", [1, 16, 64, 256, 1024, 8192])
+@pytest.mark.parametrize("t", [1, 16, 64, 256, 1024, 2048, 8192])
 @pytest.mark.parametrize(("e", "k", "h", "i", "gated"),
-                         [(128, 6, 2688, 1856, False), (8, 2, 4096, 14336, True), (128, 8, 2048, 768, True)])  # fmt: skip
+                         [(128, 6, 2688, 1856, False), (8, 2, 4096, 14336, True), (128, 8, 2048, 768, True),
+                          (256, 8, 7168, 2048, True)])  # fmt: skip
 def test_heuristic_configs_are_sane(t, e, k, h, i, gated):
     """Heuristic tiles are powers of two, fit shared memory and grow with the batch."""
     c = tc.heuristic_config(t, e, k, h, i, gated)
@@ -477,15 +478,18 @@ def test_heuristic_configs_are_sane(t, e, k, h, i, gated):
         for v in (c.block_m, g.block_n, g.block_k):
             assert v >= 16 and v & (v - 1) == 0
         assert tc._smem_bytes(c.block_m, g, b_tiles) <= tc._SMEM_LIMIT
-    if t * k / e > 128:
+    per_expert = t * k / e
+    if per_expert >= 64:
         assert c.block_m == 128
-        # persistent GEMMs where the N tiles divide I and H (Qwen3, Mixtral), else half-height
-        # tiles for the experts' last blocks (Nemotron: N = 1856 and 2688 leave narrow tiles)
+        # from 128 pairs per expert persistent GEMMs where the N tiles divide I and H (Qwen3,
+        # Mixtral), else half-height tiles for the experts' last blocks (Nemotron: N = 1856
+        # and 2688 leave narrow tiles; and every shape below 128 pairs per expert)
         divides = i % c.gemm1.block_n == 0 and h % c.gemm2.block_n == 0
-        assert c.persistent is divides
         assert divides is ((e, i) != (128, 1856))
-        assert c.tail_m == (0 if divides else 64)
+        assert c.persistent is (divides and per_expert >= 128)
+        assert c.tail_m == (0 if c.persistent else 64)
     else:
+        assert c.block_m <= 64
         assert c.tail_m == 0 and not c.persistent
     if t == 1:
         assert c.block_m == 16
