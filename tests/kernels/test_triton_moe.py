@@ -518,6 +518,20 @@ def test_tuned_file_nearest_key(tmp_path, monkeypatch):
         tc.load_tuned.cache_clear()
 
 
+def test_tuned_key_between_two_entries():
+    """Nearest in log scale, compared exactly; halfway, the upper entry if it has prefill tiles
+    (BLOCK_M >= 64), else the lower."""
+    decode = tc.MoEConfig(16, tc.GemmConfig(32, 64), tc.GemmConfig(64, 128))
+    small = tc.MoEConfig(32, tc.GemmConfig(32, 64), tc.GemmConfig(64, 128))
+    big = tc.MoEConfig(128, tc.GemmConfig(128, 64, 8, 8, 4), tc.GemmConfig(256, 64, 8, 8, 4))
+    table = {1: decode, 16: decode, 64: small, 256: big, 1024: big}
+    keys = sorted(table)
+    pick = {t: tc.nearest_tuned_key(keys, t, table) for t in (0, 1, 2, 4, 5, 31, 32, 33, 100,
+                                                              128, 129, 511, 512, 5000)}  # fmt: skip
+    assert pick == {0: 1, 1: 1, 2: 1, 4: 1, 5: 16, 31: 16, 32: 16, 33: 64, 100: 64,
+                    128: 256, 129: 256, 511: 256, 512: 1024, 5000: 1024}  # fmt: skip
+
+
 def test_config_from_dict_rejects_unknown_keys():
     """A malformed tuned entry raises ValueError naming it."""
     with pytest.raises(ValueError, match="bad MoE config"):
