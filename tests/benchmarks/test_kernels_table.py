@@ -1,0 +1,99 @@
+"""CPU checks of kernels_table.py: fixed-ceiling ratios, the README table and the targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+sys.path.insert(0, BENCH)
+
+import kernels_table as kt  # noqa: E402
+from _bench_util import SHAPES, layer_bytes, layer_flops, lower_bound_us  # noqa: E402
+
+MIB = 2**20
+
+
+def _row(shape: str, t: int, impl: str, ratio: float, **extra) -> dict:
+    """A timed row ``ratio`` times the fixed-ceiling bound, with rates that match its time."""
+    s = SHAPES[shape]
+    us = ratio * lower_bound_us(s, t, kt.FIXED_COPY_TBPS, kt.FIXED_MATMUL_TFLOPS)
+    return {"shape": shape, "T": t, "impl": impl, "us": us, "ratio": ratio * 0.97,
+            "tbps": layer_bytes(s, t) / (us * 1e-6) / 1e12,
+            "tflops": layer_flops(s, t) / (us * 1e-6) / 1e12,
+            "extra_mem_bytes": MIB, "mem_limit_bytes": 2 * MIB, **extra}  # fmt: skip
+
+
+def _sweep() -> dict:
+    rows = [
+        _row("mixtral-8x7b", 1, "triton", 1.12),
+        _row("mixtral-8x7b", 1, "triton_lora", 1.4, overhead_vs_triton=1.3),
+        _row("mixtral-8x7b", 64, "triton", 1.02),
+        _row("mixtral-8x7b", 64, "triton_lora", 1.3, overhead_vs_triton=1.25),
+        _row("mixtral-8x7b", 8192, "triton", 1.05, ratio_held=1.07),
+        _row("mixtral-8x7b", 8192, "triton_lora", 1.1, overhead_vs_triton=1.05),
+        {"shape": "mixtral-8x7b", "T": 16, "impl": "naive_loop", "skipped": "no"},
+    ]
+    return {"info": {"device": "X"}, "ceilings": {}, "rows": rows}
+
+
+def test_fixed_ratio_uses_the_issue_ceilings_not_the_sweeps():
+    r = _row("qwen3-30b-a3b", 4096, "triton", 1.37)
+    assert kt.fixed_ratio(r) == pytest.approx(1.37)
+    assert r["ratio"] != pytest.approx(1.37)  # the sweep's own ceilings are not used
+
+
+def test_checks_name_each_target_and_point():
+    found = {(c.target, c.t): c for c in kt.checks(_sweep())}
+    assert found[("bound ratio, T = 1", 1)].met  # 1.12 <= 1.3
+    assert found[("no slower than vLLM (ratio)", 1)].limit == 1.16
+    assert found[("no slower than vLLM (ratio)", 64)].met  # 1.02 <= 1.03
+    assert found[("bound ratio, 16 <= T <= 256", 64)].met
+    assert not found[("LoRA / base layer, T >= 64", 64)].met  # 1.25 > 1.2
+    assert found[("LoRA / base layer, T = 1", 1)].met  # 1.3 <= 1.35
+    assert found[("vLLM time / ours, T >= 4096", 8192)].value == pytest.approx(1.46 / 1.05)
+    assert found[("vLLM time / ours, T >= 4096", 8192)].met
+    tf = found[("TFLOP/s, Mixtral T = 8192", 8192)]
+    assert tf.higher_is_better and tf.met and tf.value > 600
+    assert found[("extra memory / budget", 8192)].value == pytest.approx(0.5)
+    assert "MISSED" in found[("LoRA / base layer, T >= 64", 64)].line()
+
+
+def test_markdown_table_row():
+    table = kt.markdown_table(_sweep()).splitlines()
+    assert table[0] == "| shape | T=1 | T=64 | T=8192 | LoRA × (T≥64) | LoRA × (T=1) |"
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells[0] == "mixtral-8x7b"
+    assert cells[1].endswith("µs 1.12 [1.16]")
+    assert cells[2] == "1.02 [1.03]"
+    assert cells[3].startswith("1.05 [1.46] (held 1.07; ") and cells[3].endswith(" TF/s)")
+    assert cells[4:] == ["1.05–1.25", "1.30"]
+
+
+def test_cli_prints_table_and_tally(tmp_path):
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(_sweep()))
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "kernels_table.py"), str(path),
+                          "--missed"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "| mixtral-8x7b |" in out
+    assert "MISSED LoRA / base layer, T >= 64" in out and "met   " not in out
+    assert out.rstrip().endswith("1 missed")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("{", "not JSON"), ('{"rows": []}', "not a kernels.py sweep"),
+     ('{"info": {}, "ceilings": {}, "rows": [{"shape": "nope", "T": 1, "impl": "triton"}]}',
+      "shapes not in benchmarks/_bench_util.SHAPES: nope")],
+)  # fmt: skip
+def test_cli_rejects_bad_input_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    res = subprocess.run([sys.executable, os.path.join(BENCH, "kernels_table.py"), str(path)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 2
+    assert str(path) in res.stderr and message in res.stderr
