@@ -23,6 +23,16 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 _SMS = 132
 #: Shared memory a program may use, bytes (Hopper allows 227 KB; keep a margin).
 _SMEM_LIMIT = 200 * 1024
+#: The margin: what a config leaves of the device's per-block opt-in shared memory for
+#: barriers and layout conversions (227 KB on Hopper - 27 KB = the 200 KB above).
+_SMEM_RESERVE = 27 * 1024
+
+
+def smem_budget(max_shared_mem: int) -> int:
+    """Shared memory a config may plan for on a device with ``max_shared_mem`` bytes of opt-in
+    shared memory per block (Triton's ``max_shared_mem``): the Hopper figure, or less (A100 163
+    KB -> 136 KB, Ada 99 KB -> 72 KB), so that the heuristic's tiles launch there too."""
+    return min(_SMEM_LIMIT, max_shared_mem - _SMEM_RESERVE)
 
 
 @dataclass(frozen=True)
@@ -136,13 +146,21 @@ def _smem_bytes(block_m: int, cfg: GemmConfig, b_tiles: int, elem: int = 2) -> i
     return cfg.num_stages * (block_m * cfg.block_k + b_tiles * cfg.block_n * cfg.block_k) * elem
 
 
-def _fit_stages(block_m: int, cfg: GemmConfig, b_tiles: int) -> GemmConfig:
-    stages = cfg.num_stages
-    while (
-        stages > 2 and _smem_bytes(block_m, replace(cfg, num_stages=stages), b_tiles) > _SMEM_LIMIT
-    ):
-        stages -= 1
-    return replace(cfg, num_stages=stages)
+def _fit_stages(
+    block_m: int, cfg: GemmConfig, b_tiles: int, limit: int = _SMEM_LIMIT
+) -> GemmConfig:
+    """Fewer pipeline stages (down to 2), then narrower N and K tiles (down to 32), until the
+    stages fit ``limit`` bytes of shared memory."""
+    while _smem_bytes(block_m, cfg, b_tiles) > limit:
+        if cfg.num_stages > 2:
+            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_n > 32:
+            cfg = replace(cfg, block_n=cfg.block_n // 2)
+        elif cfg.block_k > 32:
+            cfg = replace(cfg, block_k=cfg.block_k // 2)
+        else:
+            break
+    return cfg
 
 
 def default_tail_m(block_m: int) -> int:
@@ -166,7 +184,15 @@ def default_pdl(num_tokens: int, num_experts: int, top_k: int) -> bool:
 
 
 def heuristic_config(
-    num_tokens: int, num_experts: int, top_k: int, hidden: int, inter: int, gated: bool
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    inter: int,
+    gated: bool,
+    *,
+    smem_limit: int = _SMEM_LIMIT,
+    num_sms: int = _SMS,
 ) -> MoEConfig:
     """Batch-aware default: small BLOCK_M for decode, 128-row wgmma tiles for prefill.
 
@@ -202,7 +228,7 @@ def heuristic_config(
         # memory-bound: narrow N tiles until there are ~4 programs per multiprocessor
         def narrow(n: int, b_tiles: int) -> int:
             bn = 128 // b_tiles
-            while bn > 32 and blocks * -(-n // bn) < 4 * _SMS:
+            while bn > 32 and blocks * -(-n // bn) < 4 * num_sms:
                 bn //= 2
             return bn
 
@@ -214,11 +240,12 @@ def heuristic_config(
                  block_k=_pow2_at_most(hidden, g1.block_k), tma=True)  # fmt: skip
     g2 = replace(g2, block_n=_pow2_at_most(hidden, g2.block_n),
                  block_k=_pow2_at_most(inter, g2.block_k), tma=True)  # fmt: skip
+    g1, g2 = _fit_stages(block_m, g1, b1, smem_limit), _fit_stages(block_m, g2, 1, smem_limit)
     persistent = per_expert >= 128 and default_persistent(
         block_m, inter, hidden, g1.block_n, g2.block_n
     )
     return MoEConfig(
-        block_m, _fit_stages(block_m, g1, b1), _fit_stages(block_m, g2, 1),
+        block_m, g1, g2,
         tail_m=0 if persistent else default_tail_m(block_m),
         pdl=default_pdl(num_tokens, num_experts, top_k), persistent=persistent,
     )  # fmt: skip
@@ -266,8 +293,13 @@ def get_config(
     inter: int,
     gated: bool,
     device_name: str | None = None,
+    *,
+    smem_limit: int = _SMEM_LIMIT,
+    num_sms: int = _SMS,
 ) -> MoEConfig:
-    """Tuned config nearest to ``num_tokens`` (in log scale) when a file exists, else the heuristic.
+    """Tuned config nearest to ``num_tokens`` (in log scale) when a file exists, else the
+    heuristic for a device with ``num_sms`` multiprocessors and ``smem_limit`` bytes of shared
+    memory to plan for (``smem_budget``; tuned files are per device and used as written).
 
     A count halfway (in log scale) between two tuned ones, as every power of two is between
     the files' 1, 16, 64, 256, 1024, 4096 and 8192, takes the upper entry when its tiles are
@@ -279,7 +311,10 @@ def get_config(
         table = load_tuned(num_experts, inter, device_name)
         if table:
             return table[nearest_tuned_key(sorted(table), num_tokens, table)]
-    return heuristic_config(num_tokens, num_experts, top_k, hidden, inter, gated)
+    return heuristic_config(
+        num_tokens, num_experts, top_k, hidden, inter, gated, smem_limit=smem_limit,
+        num_sms=num_sms,
+    )  # fmt: skip
 
 
 def nearest_tuned_key(keys: list[int], num_tokens: int, table: dict[int, MoEConfig]) -> int:

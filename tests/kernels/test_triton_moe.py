@@ -518,6 +518,73 @@ def test_tuned_file_nearest_key(tmp_path, monkeypatch):
         tc.load_tuned.cache_clear()
 
 
+#: Triton's max_shared_mem (opt-in bytes per block) of three parts: Hopper, A100, Ada.
+SMEM_H100, SMEM_A100, SMEM_ADA = 232448, 166912, 101376
+
+
+def test_smem_budget_keeps_hopper_and_shrinks_elsewhere():
+    assert tc.smem_budget(SMEM_H100) == tc._SMEM_LIMIT
+    assert tc.smem_budget(SMEM_A100) == SMEM_A100 - tc._SMEM_RESERVE < tc._SMEM_LIMIT
+    assert tc.smem_budget(SMEM_ADA) == 72 * 1024
+
+
+@pytest.mark.parametrize("smem", [SMEM_A100, SMEM_ADA])
+@pytest.mark.parametrize(("e", "k", "h", "i", "gated"),
+                         [(128, 6, 2688, 1856, False), (8, 2, 4096, 14336, True), (128, 8, 2048, 768, True),
+                          (32, 4, 2880, 2880, True), (256, 8, 7168, 2048, True)])  # fmt: skip
+def test_heuristic_fits_smaller_shared_memory(e, k, h, i, gated, smem):
+    """On parts with less shared memory than Hopper every tile still fits (fewer stages first,
+    then narrower tiles), and on Hopper's budget the heuristic is the default one."""
+    limit = tc.smem_budget(smem)
+    for t in (1, 16, 64, 256, 1024, 4096, 8192):
+        c = tc.heuristic_config(t, e, k, h, i, gated, smem_limit=limit, num_sms=108)
+        for g, b_tiles in ((c.gemm1, 2 if gated else 1), (c.gemm2, 1)):
+            assert tc._smem_bytes(c.block_m, g, b_tiles) <= limit, (t, g)
+            assert g.num_stages >= 2 and g.block_n >= 32 and g.block_k >= 32
+        hopper = tc.heuristic_config(t, e, k, h, i, gated, smem_limit=tc.smem_budget(SMEM_H100),
+                                     num_sms=132)  # fmt: skip
+        assert hopper == tc.heuristic_config(t, e, k, h, i, gated)
+
+
+def test_fit_stages_drops_stages_then_narrows_n_then_k():
+    g = tc.GemmConfig(256, 128, 8, 8, 4)
+    assert tc._fit_stages(128, g, 1, 10**9) == g
+    two = tc._fit_stages(128, g, 1, tc._smem_bytes(128, dataclasses.replace(g, num_stages=2), 1))
+    assert (two.num_stages, two.block_n, two.block_k) == (2, 256, 128)
+    narrow = tc._fit_stages(128, g, 1, 2 * (128 * 128 + 64 * 128) * 2)
+    assert (narrow.num_stages, narrow.block_n, narrow.block_k) == (2, 64, 128)
+    floor = tc._fit_stages(128, g, 1, 1)  # nothing fits: the smallest tile, not a loop forever
+    assert (floor.num_stages, floor.block_n, floor.block_k) == (2, 32, 32)
+
+
+def test_launch_passes_the_devices_limits_to_get_config(monkeypatch):
+    """fused_moe_triton asks get_config for the tensor's device limits (off CUDA: none)."""
+    from moe_policy.experts import triton_moe
+
+    assert triton_moe._config_limits(torch.device("cpu")) == {}
+    monkeypatch.setattr(triton_moe, "_device_limits", lambda index: {"smem_limit": index})
+    assert triton_moe._config_limits(torch.device("cuda", 3)) == {"smem_limit": 3}
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_get_config(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(
+        triton_moe, "_config_limits", lambda device: {"smem_limit": 1, "num_sms": 2}
+    )
+    monkeypatch.setattr(triton_moe, "get_config", fake_get_config)
+    x = torch.randn(3, 64, dtype=torch.float16)
+    ids = torch.tensor([[0, 1], [1, 2], [2, 3]], dtype=torch.int32)
+    with pytest.raises(Stop):
+        fused_moe_triton(x, torch.randn(4, 192, 64, dtype=torch.float16),
+                         torch.randn(4, 64, 96, dtype=torch.float16), torch.rand(3, 2), ids)  # fmt: skip
+    assert seen == {"smem_limit": 1, "num_sms": 2}
+
+
 def test_tuned_key_between_two_entries():
     """Nearest in log scale, compared exactly; halfway, the upper entry if it has prefill tiles
     (BLOCK_M >= 64), else the lower."""
