@@ -51,10 +51,12 @@ from moe_policy.experts.base import (
     GATED_ACTIVATIONS,
     NON_GATED_ACTIVATIONS,
     FusedMoEExperts,
+    config_limits,
     sm_count,
     triton_runtime_available,
 )
 from moe_policy.experts.lora import MoELoRAContext
+from moe_policy.experts.triton_config import _SMEM_LIMIT, GemmConfig, _fit_stages
 
 # Activation codes (constexpr in the kernels).
 ACT_NONE, ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_RELU2, ACT_SWIGLUOAI = 0, 1, 2, 3, 4, 5
@@ -83,11 +85,19 @@ _TILES = (
 )
 
 
-def gemm_config(m: int, n: int, k: int, gated: bool) -> dict[str, int]:
-    """Tile config for one batched GEMM with ``m`` rows per expert."""
+def gemm_config(
+    m: int, n: int, k: int, gated: bool, smem_limit: int = _SMEM_LIMIT
+) -> dict[str, int]:
+    """Tile config for one batched GEMM with ``m`` rows per expert, its stages and tiles cut
+    (as ``triton_config._fit_stages`` does) to ``smem_limit`` bytes of shared memory: gated
+    decode tiles take 108-120 KB, over Ada's budget."""
     for max_m, plain, gate in _TILES:
         if m <= max_m:
-            return dict(zip(_TILE_KEYS, gate if gated else plain, strict=True))
+            bm, bn, bk, warps, stages = gate if gated else plain
+            g = _fit_stages(bm, GemmConfig(bn, bk, 1, warps, stages), 2 if gated else 1, smem_limit)
+            return dict(
+                zip(_TILE_KEYS, (bm, g.block_n, g.block_k, warps, g.num_stages), strict=True)
+            )
     raise AssertionError("unreachable: the last row takes every m")
 
 
@@ -459,7 +469,7 @@ def _gemm(
 ) -> None:
     """One batched GEMM launch (GEMM1 with activation, or GEMM2)."""
     e_count, m_cap, k = a.shape
-    cfg = gemm_config(m_cap, n, k, gated)
+    cfg = gemm_config(m_cap, n, k, gated, config_limits(a.device).get("smem_limit", _SMEM_LIMIT))
     grid = (e_count * triton.cdiv(m_cap, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     if lora is not None:
         slot_map, enabled, u, b = lora

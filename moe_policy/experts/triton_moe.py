@@ -70,6 +70,7 @@ from moe_policy.experts.base import (
     ExpertsConfig,
     FusedMoEExperts,
     check_common_layout,
+    config_limits,
     contiguous_layout,
     sm_count,
     triton_runtime_available,
@@ -81,7 +82,6 @@ from moe_policy.experts.triton_config import (
     default_tail_m,
     get_config,
     is_decode_batch,
-    smem_budget,
 )
 from moe_policy.experts.triton_lora import (
     MAX_RANK,
@@ -889,22 +889,6 @@ def _config_device_name(device: torch.device) -> str | None:
     return _device_name(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@lru_cache(maxsize=16)
-def _device_limits(index: int) -> dict[str, int]:
-    """The heuristic's view of CUDA device ``index``: shared memory to plan for and SMs."""
-    props = triton.runtime.driver.active.utils.get_device_properties(index)
-    return {"smem_limit": smem_budget(int(props["max_shared_mem"])),
-            "num_sms": int(props["multiprocessor_count"])}  # fmt: skip
-
-
-def _config_limits(device: torch.device) -> dict[str, int]:
-    """``get_config``'s device limits for a tensor on ``device`` (the defaults off CUDA: the
-    interpreter runs any tile)."""
-    if device.type != "cuda":
-        return {}
-    return _device_limits(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -1076,7 +1060,7 @@ def fused_moe_triton(
 
     # routing: align pairs by expert, or one pair per block for tiny batches
     cfg = config or get_config(
-        t, e, k, h, i, gated, _config_device_name(x.device), **_config_limits(x.device)
+        t, e, k, h, i, gated, _config_device_name(x.device), **config_limits(x.device)
     )
     bm = cfg.block_m
     if naive is None:

@@ -24,6 +24,7 @@ from moe_policy.experts.batched_triton import (
     BatchedTritonExperts,
     _lora_shrink,
     batched_fused_experts,
+    gemm_config,
     shrink_split_k,
 )
 from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
@@ -236,6 +237,28 @@ def test_launcher_rejects_bad_inputs(device: str) -> None:
         )
     with pytest.raises(ValueError, match="not in"):
         batched_fused_experts(x, counts, wt["w13"], wt["w2"], activation="relu2")
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_gemm_tiles_fit_the_devices_shared_memory(gated: bool) -> None:
+    """Hopper's budget leaves every tile as listed; Ada's 72 KB cuts the gated decode tiles
+    (108-120 KB) to fit, fewer stages first."""
+    from moe_policy.experts.triton_config import _SMEM_LIMIT, GemmConfig, _smem_bytes, smem_budget
+
+    def smem(c: dict) -> int:
+        g = GemmConfig(c["BLOCK_N"], c["BLOCK_K"], 1, c["num_warps"], c["num_stages"])
+        return _smem_bytes(c["BLOCK_M"], g, 2 if gated else 1)
+
+    ada = smem_budget(101376)
+    for m in (1, 16, 64, 256, 4096):
+        hopper = gemm_config(m, 4096, 2048, gated, _SMEM_LIMIT)
+        assert hopper == gemm_config(m, 4096, 2048, gated)
+        small = gemm_config(m, 4096, 2048, gated, ada)
+        assert smem(small) <= ada and small["BLOCK_M"] == hopper["BLOCK_M"]
+        assert small["num_stages"] >= 2 and small["num_warps"] == hopper["num_warps"]
+        if smem(hopper) <= ada:
+            assert small == hopper
+    assert gemm_config(16, 4096, 2048, True, ada) != gemm_config(16, 4096, 2048, True)
 
 
 def test_class_contract_and_pure_conversion() -> None:

@@ -559,11 +559,11 @@ def test_fit_stages_drops_stages_then_narrows_n_then_k():
 
 def test_launch_passes_the_devices_limits_to_get_config(monkeypatch):
     """fused_moe_triton asks get_config for the tensor's device limits (off CUDA: none)."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts import base, triton_moe
 
-    assert triton_moe._config_limits(torch.device("cpu")) == {}
-    monkeypatch.setattr(triton_moe, "_device_limits", lambda index: {"smem_limit": index})
-    assert triton_moe._config_limits(torch.device("cuda", 3)) == {"smem_limit": 3}
+    assert base.config_limits(torch.device("cpu")) == {}
+    monkeypatch.setattr(base, "_cuda_limits", lambda index: {"smem_limit": index})
+    assert base.config_limits(torch.device("cuda", 3)) == {"smem_limit": 3}
     seen = {}
 
     class Stop(Exception):
@@ -573,9 +573,7 @@ def test_launch_passes_the_devices_limits_to_get_config(monkeypatch):
         seen.update(kwargs)
         raise Stop
 
-    monkeypatch.setattr(
-        triton_moe, "_config_limits", lambda device: {"smem_limit": 1, "num_sms": 2}
-    )
+    monkeypatch.setattr(triton_moe, "config_limits", lambda device: {"smem_limit": 1, "num_sms": 2})
     monkeypatch.setattr(triton_moe, "get_config", fake_get_config)
     x = torch.randn(3, 64, dtype=torch.float16)
     ids = torch.tensor([[0, 1], [1, 2], [2, 3]], dtype=torch.int32)
