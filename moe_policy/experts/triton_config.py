@@ -6,7 +6,8 @@ GEMM 1, ``block_n`` counts output columns of the activation: the program reads t
 and the up rows of those columns, so the MMA is ``2 * block_n`` wide.
 
 Tuned files live in ``experts/configs/E={E},N={I},device_name={name}.json`` (written by
-``benchmarks/tune_triton.py``) and map a token count to a config; the nearest key in log scale wins.
+``benchmarks/tune_triton.py``) and map a token count to a config; the nearest key in log scale
+wins (halfway between two: ``get_config``).
 """
 
 from __future__ import annotations
@@ -310,16 +311,17 @@ def get_config(
     if device_name:
         table = load_tuned(num_experts, inter, device_name)
         if table:
-            return table[nearest_tuned_key(sorted(table), num_tokens, table)]
+            return table[nearest_tuned_key(table, num_tokens)]
     return heuristic_config(
         num_tokens, num_experts, top_k, hidden, inter, gated, smem_limit=smem_limit,
         num_sms=num_sms,
     )  # fmt: skip
 
 
-def nearest_tuned_key(keys: list[int], num_tokens: int, table: dict[int, MoEConfig]) -> int:
-    """The key of ``keys`` (sorted) nearest to ``num_tokens`` in log scale, ties as
+def nearest_tuned_key(table: dict[int, MoEConfig], num_tokens: int) -> int:
+    """The token count of ``table`` nearest to ``num_tokens`` in log scale, ties as
     ``get_config`` says (compared exactly: t^2 against the neighbours' product)."""
+    keys = sorted(table)
     t = max(1, num_tokens)
     if t <= keys[0]:
         return keys[0]

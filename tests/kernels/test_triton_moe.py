@@ -590,8 +590,7 @@ def test_tuned_key_between_two_entries():
     small = tc.MoEConfig(32, tc.GemmConfig(32, 64), tc.GemmConfig(64, 128))
     big = tc.MoEConfig(128, tc.GemmConfig(128, 64, 8, 8, 4), tc.GemmConfig(256, 64, 8, 8, 4))
     table = {1: decode, 16: decode, 64: small, 256: big, 1024: big}
-    keys = sorted(table)
-    pick = {t: tc.nearest_tuned_key(keys, t, table) for t in (0, 1, 2, 4, 5, 31, 32, 33, 100,
+    pick = {t: tc.nearest_tuned_key(table, t) for t in (0, 1, 2, 4, 5, 31, 32, 33, 100,
                                                               128, 129, 511, 512, 5000)}  # fmt: skip
     assert pick == {0: 1, 1: 1, 2: 1, 4: 1, 5: 16, 31: 16, 32: 16, 33: 64, 100: 64,
                     128: 256, 129: 256, 511: 256, 512: 1024, 5000: 1024}  # fmt: skip
