@@ -50,6 +50,8 @@ def test_fixed_ratio_uses_the_issue_ceilings_not_the_sweeps():
 def test_checks_name_each_target_and_point():
     found = {(c.target, c.t): c for c in kt.checks(_sweep())}
     assert found[("bound ratio, T = 1", 1)].met  # 1.12 <= 1.3
+    assert found[("bound ratio, T = 1", 1)].own_ceilings == pytest.approx(1.12 * 0.97)
+    assert "(own ceilings 1.09)" in found[("bound ratio, T = 1", 1)].line()
     assert found[("no slower than vLLM (ratio)", 1)].limit == 1.16
     assert found[("no slower than vLLM (ratio)", 64)].met  # 1.02 <= 1.03
     assert found[("bound ratio, 16 <= T <= 256", 64)].met
