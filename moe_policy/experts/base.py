@@ -133,10 +133,10 @@ def sm_count(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def config_limits(device: torch.device) -> dict[str, int]:
-    """Kernel-config limits of a CUDA device, as ``triton_config.get_config`` takes them:
-    shared memory to plan for (``smem_limit``) and SMs (``num_sms``); none off CUDA (the
-    interpreter runs any tile, and the defaults are Hopper's)."""
+def config_limits(device: torch.device) -> dict[str, Any]:
+    """What ``triton_config.get_config`` needs to know of a CUDA device, as its keyword
+    arguments: its name (tuned files), shared memory to plan for (``smem_limit``) and SMs
+    (``num_sms``); nothing off CUDA (the interpreter runs any tile; the defaults are Hopper's)."""
     if device.type != "cuda":
         return {}
     import torch
@@ -145,13 +145,15 @@ def config_limits(device: torch.device) -> dict[str, int]:
 
 
 @lru_cache(maxsize=16)
-def _cuda_limits(index: int) -> dict[str, int]:
+def _cuda_limits(index: int) -> dict[str, Any]:
+    import torch
     import triton
 
     from moe_policy.experts.triton_config import smem_budget
 
     props = triton.runtime.driver.active.utils.get_device_properties(index)
-    return {"smem_limit": smem_budget(int(props["max_shared_mem"])),
+    return {"device_name": torch.cuda.get_device_name(index),
+            "smem_limit": smem_budget(int(props["max_shared_mem"])),
             "num_sms": int(props["multiprocessor_count"])}  # fmt: skip
 
 

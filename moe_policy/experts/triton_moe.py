@@ -878,17 +878,6 @@ def _moe_sum_kernel(
     )
 
 
-@lru_cache(maxsize=16)
-def _device_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
-
-
-def _config_device_name(device: torch.device) -> str | None:
-    if device.type != "cuda":
-        return None
-    return _device_name(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -1059,9 +1048,7 @@ def fused_moe_triton(
     work13 = Workspace(None if direct else c2, x.device)
 
     # routing: align pairs by expert, or one pair per block for tiny batches
-    cfg = config or get_config(
-        t, e, k, h, i, gated, _config_device_name(x.device), **config_limits(x.device)
-    )
+    cfg = config or get_config(t, e, k, h, i, gated, **config_limits(x.device))
     bm = cfg.block_m
     if naive is None:
         naive = is_decode_batch(t, k, e)
