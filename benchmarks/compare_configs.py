@@ -48,7 +48,7 @@ from _bench_util import (
 from tune_triton import _call, _inputs, _layer
 
 from moe_policy.experts.triton_config import (
-    _SMEM_LIMIT,
+    SMEM_LIMIT,
     MoEConfig,
     _smem_bytes,
     default_tail_m,
@@ -138,7 +138,7 @@ def decode_tile_search(shape: MoEShape, t: int, device: str) -> dict[str, MoECon
             if bn > n or bk > k:
                 continue
             g = replace(getattr(base, gemm), block_n=bn, block_k=bk, num_stages=st)
-            if _smem_bytes(base.block_m, g, b_tiles[gemm]) > _SMEM_LIMIT:
+            if _smem_bytes(base.block_m, g, b_tiles[gemm]) > SMEM_LIMIT:
                 continue
             for trig in triggers:
                 cfg = replace(base, **{gemm: g}, trigger=trig)

@@ -56,7 +56,7 @@ from moe_policy.experts.base import (
     triton_runtime_available,
 )
 from moe_policy.experts.lora import MoELoRAContext
-from moe_policy.experts.triton_config import _SMEM_LIMIT, GemmConfig, _fit_stages
+from moe_policy.experts.triton_config import SMEM_LIMIT, GemmConfig, _fit_stages
 
 # Activation codes (constexpr in the kernels).
 ACT_NONE, ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_RELU2, ACT_SWIGLUOAI = 0, 1, 2, 3, 4, 5
@@ -86,15 +86,17 @@ _TILES = (
 
 
 def gemm_config(
-    m: int, n: int, k: int, gated: bool, smem_limit: int = _SMEM_LIMIT
+    m: int, n: int, k: int, gated: bool, smem_limit: int = SMEM_LIMIT, elem_bytes: int = 2
 ) -> dict[str, int]:
     """Tile config for one batched GEMM with ``m`` rows per expert, its stages and tiles cut
-    (as ``triton_config._fit_stages`` does) to ``smem_limit`` bytes of shared memory: gated
-    decode tiles take 108-120 KB, over Ada's budget."""
+    (as ``triton_config._fit_stages`` does) to ``smem_limit`` bytes of shared memory for
+    ``elem_bytes``-byte operands: gated decode tiles take 108-120 KB in bf16, over Ada's
+    budget, and twice that in fp32."""
     for max_m, plain, gate in _TILES:
         if m <= max_m:
             bm, bn, bk, warps, stages = gate if gated else plain
-            g = _fit_stages(bm, GemmConfig(bn, bk, 1, warps, stages), 2 if gated else 1, smem_limit)
+            g = _fit_stages(bm, GemmConfig(bn, bk, 1, warps, stages), 2 if gated else 1,
+                            smem_limit, elem_bytes)  # fmt: skip
             return dict(
                 zip(_TILE_KEYS, (bm, g.block_n, g.block_k, warps, g.num_stages), strict=True)
             )
@@ -469,7 +471,8 @@ def _gemm(
 ) -> None:
     """One batched GEMM launch (GEMM1 with activation, or GEMM2)."""
     e_count, m_cap, k = a.shape
-    cfg = gemm_config(m_cap, n, k, gated, config_limits(a.device).get("smem_limit", _SMEM_LIMIT))
+    smem = config_limits(a.device).get("smem_limit", SMEM_LIMIT)
+    cfg = gemm_config(m_cap, n, k, gated, smem, a.element_size())
     grid = (e_count * triton.cdiv(m_cap, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     if lora is not None:
         slot_map, enabled, u, b = lora

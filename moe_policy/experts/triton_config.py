@@ -23,7 +23,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 #: Multiprocessors of the part the heuristic was written for (H100/H200).
 _SMS = 132
 #: Shared memory a program may use, bytes (Hopper allows 227 KB; keep a margin).
-_SMEM_LIMIT = 200 * 1024
+SMEM_LIMIT = 200 * 1024
 #: The margin: what a config leaves of the device's per-block opt-in shared memory for
 #: barriers and layout conversions (227 KB on Hopper - 27 KB = the 200 KB above).
 _SMEM_RESERVE = 27 * 1024
@@ -33,7 +33,7 @@ def smem_budget(max_shared_mem: int) -> int:
     """Shared memory a config may plan for on a device with ``max_shared_mem`` bytes of opt-in
     shared memory per block (Triton's ``max_shared_mem``): the Hopper figure, or less (A100 163
     KB -> 136 KB, Ada 99 KB -> 72 KB), so that the heuristic's tiles launch there too."""
-    return min(_SMEM_LIMIT, max_shared_mem - _SMEM_RESERVE)
+    return min(SMEM_LIMIT, max_shared_mem - _SMEM_RESERVE)
 
 
 @dataclass(frozen=True)
@@ -143,16 +143,24 @@ def _pow2_at_most(x: int, cap: int, floor: int = 16) -> int:
     return max(floor, min(cap, p))
 
 
-def _smem_bytes(block_m: int, cfg: GemmConfig, b_tiles: int, elem: int = 2) -> int:
-    return cfg.num_stages * (block_m * cfg.block_k + b_tiles * cfg.block_n * cfg.block_k) * elem
+def _smem_bytes(
+    block_m: int, cfg: GemmConfig, b_tiles: int, elem: int = 2, epilogue: bool = False
+) -> int:
+    """Shared memory of a GEMM tile's pipeline stages, and with ``epilogue`` of an output tile
+    of ``elem`` bytes per element beside them (a persistent loop's next loads fly during the
+    epilogue, so its layout conversion cannot reuse the stages)."""
+    stages = cfg.num_stages * (block_m * cfg.block_k + b_tiles * cfg.block_n * cfg.block_k)
+    return (stages + (block_m * b_tiles * cfg.block_n if epilogue else 0)) * elem
 
 
 def _fit_stages(
-    block_m: int, cfg: GemmConfig, b_tiles: int, limit: int = _SMEM_LIMIT
-) -> GemmConfig:
+    block_m: int, cfg: GemmConfig, b_tiles: int, limit: int = SMEM_LIMIT, elem: int = 2,
+    epilogue: bool = False,
+) -> GemmConfig:  # fmt: skip
     """Fewer pipeline stages (down to 2), then narrower N and K tiles (down to 32), until the
-    stages fit ``limit`` bytes of shared memory."""
-    while _smem_bytes(block_m, cfg, b_tiles) > limit:
+    stages of ``elem``-byte operands (and the output tile, ``epilogue``) fit ``limit`` bytes
+    of shared memory."""
+    while _smem_bytes(block_m, cfg, b_tiles, elem, epilogue) > limit:
         if cfg.num_stages > 2:
             cfg = replace(cfg, num_stages=cfg.num_stages - 1)
         elif cfg.block_n > 32:
@@ -192,7 +200,7 @@ def heuristic_config(
     inter: int,
     gated: bool,
     *,
-    smem_limit: int = _SMEM_LIMIT,
+    smem_limit: int = SMEM_LIMIT,
     num_sms: int = _SMS,
 ) -> MoEConfig:
     """Batch-aware default: small BLOCK_M for decode, 128-row wgmma tiles for prefill.
@@ -295,12 +303,14 @@ def get_config(
     gated: bool,
     device_name: str | None = None,
     *,
-    smem_limit: int = _SMEM_LIMIT,
+    smem_limit: int = SMEM_LIMIT,
     num_sms: int = _SMS,
+    elem_bytes: int = 2,
 ) -> MoEConfig:
     """Tuned config nearest to ``num_tokens`` (in log scale) when a file exists, else the
     heuristic for a device with ``num_sms`` multiprocessors and ``smem_limit`` bytes of shared
-    memory to plan for (``smem_budget``; tuned files are per device and used as written).
+    memory to plan for (``smem_budget``; tuned files are per device and used as written for
+    2-byte dtypes); either cut to fit for wider operands (``fit_to_dtype``, fp32).
 
     A count halfway (in log scale) between two tuned ones, as every power of two is between
     the files' 1, 16, 64, 256, 1024, 4096 and 8192, takes the upper entry when its tiles are
@@ -308,14 +318,29 @@ def get_config(
     2.6-23 % faster at T=128, 512 and 2048 wherever the two differ, and the lower 2.6-3.1 %
     faster at T=32 (``results/ab_tuned_key_ties_h200.txt``; float log distances had left such
     ties to rounding)."""
-    if device_name:
-        table = load_tuned(num_experts, inter, device_name)
-        if table:
-            return table[nearest_tuned_key(table, num_tokens)]
-    return heuristic_config(
-        num_tokens, num_experts, top_k, hidden, inter, gated, smem_limit=smem_limit,
-        num_sms=num_sms,
-    )  # fmt: skip
+    table = load_tuned(num_experts, inter, device_name) if device_name else None
+    if table:
+        cfg = table[nearest_tuned_key(table, num_tokens)]
+    else:
+        cfg = heuristic_config(
+            num_tokens, num_experts, top_k, hidden, inter, gated, smem_limit=smem_limit,
+            num_sms=num_sms,
+        )  # fmt: skip
+    return fit_to_dtype(cfg, gated, elem_bytes, smem_limit)
+
+
+def fit_to_dtype(cfg: MoEConfig, gated: bool, elem_bytes: int, smem_limit: int) -> MoEConfig:
+    """``cfg`` (tuned or planned for 2-byte operands) with its GEMM tiles cut to fit
+    ``smem_limit`` when operands take ``elem_bytes`` bytes: fp32 doubles every tile, and the
+    H200's prefill tiles then asked for 384-459 KB of its 227 KB (out of resources at launch).
+    The output tile is counted too: in fp32 a 128 x 256 one is 128 KB, and the LoRA tiles
+    take what the budget's margin leaves (checked by compiling: ``benchmarks/smem_check.py``).
+    2-byte dtypes get ``cfg`` as it is."""
+    if elem_bytes <= 2:
+        return cfg
+    g1 = _fit_stages(cfg.block_m, cfg.gemm1, 2 if gated else 1, smem_limit, elem_bytes, True)
+    g2 = _fit_stages(cfg.block_m, cfg.gemm2, 1, smem_limit, elem_bytes, True)
+    return replace(cfg, gemm1=g1, gemm2=g2)
 
 
 def nearest_tuned_key(table: dict[int, MoEConfig], num_tokens: int) -> int:

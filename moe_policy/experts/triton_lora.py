@@ -28,6 +28,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from moe_policy.experts.align import block_pairs
+from moe_policy.experts.triton_config import SMEM_LIMIT
 from moe_policy.experts.workspace import Alloc, fresh
 
 #: Largest supported max rank.
@@ -218,6 +219,26 @@ def _own_slot_columns(
     return tl.sum(tl.reshape(own, (BLOCK_M, LR_BLOCK // BLOCK_R, BLOCK_R)), axis=1)
 
 
+def shrink_tiles(
+    block_m: int, k_dim: int, a_cols: int, elem: int, smem_limit: int = SMEM_LIMIT
+) -> tuple[int, int]:
+    """(BLOCK_K, stages) of the LoRA shrink: 128-wide K steps for blocks of up to 64 rows, 64
+    above, 3 stages; fewer stages (down to 2), then narrower K steps (down to 16), while a
+    stage's activation rows and ``a_cols`` A columns of ``elem`` bytes, times the stages, exceed
+    ``smem_limit``. Cut only in fp32 or on a part with less than Hopper's shared memory: bf16
+    decode blocks take 3 x 36 KB, 128-row blocks 3 x 32 KB; fp32 decode blocks 3 x 72 KB."""
+    block_k = max(16, min(128 if block_m <= 64 else 64, triton.next_power_of_2(k_dim)))
+    stages = 3
+    while stages * (block_m + a_cols) * block_k * elem > smem_limit:
+        if stages > 2:
+            stages -= 1
+        elif block_k > 16:
+            block_k //= 2
+        else:
+            break
+    return block_k, stages
+
+
 @triton.jit(do_not_specialize=["numel", "rank", "num_slots"])
 def _lora_shrink_kernel(
     # pointers
@@ -348,6 +369,7 @@ def lora_shrink(
     alloc: Alloc | None = None,
     pdl: bool = False,
     trigger: bool = False,
+    smem_limit: int = SMEM_LIMIT,
 ) -> torch.Tensor:
     """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]); returns u [split_k, S, numel, R] fp32.
 
@@ -356,7 +378,8 @@ def lora_shrink(
     holds a partial sum over a slice of K (the expand adds them in order); used when there are
     too few blocks to fill the GPU (decode). ``pdl``: launched as a dependent that waits on its
     predecessor first; ``trigger``: then lets the next kernel launch at once (a GEMM that waits
-    for this output only before its expand)."""
+    for this output only before its expand). Its tiles are cut to ``smem_limit`` bytes of shared
+    memory (``shrink_tiles``)."""
     if lora_a.dim() != 5:
         raise ValueError(f"lora_a must be [S, L, E, R, K], got shape {tuple(lora_a.shape)}")
     s, slots, num_experts, rank, k_dim = lora_a.shape
@@ -369,7 +392,7 @@ def lora_shrink(
     top_k = topk_ids.shape[1]
     numel = topk_ids.numel()
     block_r, lr_block, chunks = lora_block_sizes(rank, slots)
-    block_k = max(16, min(128 if block_m <= 64 else 64, triton.next_power_of_2(k_dim)))
+    block_k, stages = shrink_tiles(block_m, k_dim, s * lr_block, a.element_size(), smem_limit)
     steps = triton.cdiv(k_dim, block_k)
     k_steps = triton.cdiv(steps, max(1, min(split_k, steps)))
     parts = triton.cdiv(steps, k_steps)
@@ -386,6 +409,6 @@ def lora_shrink(
         A_ROW_DIV=a_row_div, A_SORTED=a_sorted, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
         BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k, K_STEPS=k_steps,
         RANK_MASK=rank < block_r, PDL=pdl, TRIGGER=trigger,
-        num_warps=4 if block_m <= 64 else 8, num_stages=3, launch_pdl=pdl,
+        num_warps=4 if block_m <= 64 else 8, num_stages=stages, launch_pdl=pdl,
     )  # fmt: skip
     return u

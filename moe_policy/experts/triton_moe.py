@@ -77,6 +77,7 @@ from moe_policy.experts.base import (
 )
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton_config import (
+    SMEM_LIMIT,
     GemmConfig,
     MoEConfig,
     default_tail_m,
@@ -931,17 +932,20 @@ def _pdl_usable(x: torch.Tensor) -> bool:
     return _has_tma(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
-def _tma_usable(t: torch.Tensor) -> bool:
-    """Hopper or newer (or the interpreter), unit inner stride, 16-byte aligned base and rows."""
+def _tma_device(t: torch.Tensor) -> bool:
+    """``t`` lives where TMA descriptors work: a Hopper or newer GPU, or the interpreter."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        ok_device = True
-    elif t.device.type == "cuda":
-        ok_device = _has_tma(t.device.index if t.device.index is not None else 0)
-    else:
-        ok_device = False
+        return True
+    if t.device.type == "cuda":
+        return _has_tma(t.device.index if t.device.index is not None else 0)
+    return False
+
+
+def _tma_usable(t: torch.Tensor) -> bool:
+    """A TMA device (``_tma_device``), unit inner stride, 16-byte aligned base and rows."""
     es = t.element_size()
     return (
-        ok_device
+        _tma_device(t)
         and t.stride(-1) == 1
         and (t.stride(-2) * es) % 16 == 0
         and t.data_ptr() % 16 == 0
@@ -1048,7 +1052,8 @@ def fused_moe_triton(
     work13 = Workspace(None if direct else c2, x.device)
 
     # routing: align pairs by expert, or one pair per block for tiny batches
-    cfg = config or get_config(t, e, k, h, i, gated, **config_limits(x.device))
+    limits = config_limits(x.device)
+    cfg = config or get_config(t, e, k, h, i, gated, elem_bytes=x.element_size(), **limits)
     bm = cfg.block_m
     if naive is None:
         naive = is_decode_batch(t, k, e)
@@ -1120,6 +1125,7 @@ def fused_moe_triton(
             topk_ids=topk_ids, sorted_ids=sorted_ids, expert_ids=expert_ids,
             num_padded=num_padded, block_rows=block_rows, lora_map=lmap, lora_enabled=len_,
             num_blocks=num_blocks, block_m=bm, naive=naive, alloc=work.take,
+            smem_limit=limits.get("smem_limit", SMEM_LIMIT),
         )  # fmt: skip
         split = max(1, min(8, SHRINK_MIN_PROGRAMS // max(1, num_blocks)))
         u13 = lora_shrink(

@@ -164,7 +164,7 @@ def test_decode_tile_search_varies_one_gemm_tile_at_a_time_within_shared_memory(
     shared-memory budget or wider than the GEMM are left out; nothing for prefill."""
     import compare_configs
 
-    from moe_policy.experts.triton_config import _SMEM_LIMIT, _smem_bytes
+    from moe_policy.experts.triton_config import SMEM_LIMIT, _smem_bytes
 
     shape = SHAPES["qwen3-30b-a3b"]  # gated, H=2048, I=768
     found = compare_configs.decode_tile_search(shape, 1, "NVIDIA H200")
@@ -177,7 +177,7 @@ def test_decode_tile_search_varies_one_gemm_tile_at_a_time_within_shared_memory(
         assert getattr(cfg, kept) == getattr(base, kept)
         assert (f"n{g.block_n}", f"k{g.block_k}", f"s{g.num_stages}") == (n, k, st)
         assert cfg.trigger is (trig == "trig")
-        assert _smem_bytes(base.block_m, g, 2 if changed == "gemm1" else 1) <= _SMEM_LIMIT
+        assert _smem_bytes(base.block_m, g, 2 if changed == "gemm1" else 1) <= SMEM_LIMIT
         assert g.block_n <= (shape.inter if changed == "gemm1" else shape.hidden)
     on = {n.rsplit("_", 1)[0] for n in found if n.endswith("_trig")}
     off = {n.rsplit("_", 1)[0] for n in found if n.endswith("_notrig")}

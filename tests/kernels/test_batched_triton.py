@@ -14,6 +14,7 @@ from moe_cases import (
     dtypes_for_device,
     make_lora,
     make_weights,
+    make_x,
     rel_err,
     skewed_routing,
 )
@@ -90,7 +91,7 @@ def test_matches_reference(
     e, h, i, k, t = 6, 80, 40, 2, 40
     cfg = ExpertsConfig(e, h, i, k, activation=activation, gated=gated, has_bias=has_bias)
     wt = make_weights(cfg, dtype, device)
-    x = torch.randn(t, h, device=device).to(dtype)
+    x = make_x(t, h, dtype, device)
     ids, w = skewed_routing(t, e, k, device)
     token_lora = (torch.arange(t, device=device, dtype=torch.int32) % 5) - 1  # -1, 0..3
     ad = make_lora(cfg, num_slots=4, max_rank=12, ranks=[12, 5, 12, 12], disabled=(3,),
@@ -128,6 +129,34 @@ def test_matches_reference(
             w2_bias=wt["w2_bias"],
         )
         assert rel_err(base, ref) > 20 * REL_L2[dtype]
+
+
+@pytest.mark.parametrize("use_lora", [False, True], ids=["base", "lora"])
+def test_swiglu_clamp_limit_is_applied(use_lora: bool, device: str) -> None:
+    """swigluoai clamps gate and up at the layer's swiglu_limit: with a limit of 0.5 most
+    pre-activations are clamped, and the result follows the reference at that limit, not at
+    the default 7 (a launcher once passed another value in its place)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    e, h, i, k, t = 6, 80, 40, 2, 40
+    cfg = ExpertsConfig(e, h, i, k, activation="swigluoai", has_bias=True, swiglu_limit=0.5)
+    wt = make_weights(cfg, dtype, device)
+    x = make_x(t, h, dtype, device)
+    ids, w = skewed_routing(t, e, k, device)
+    token_lora = (torch.arange(t, device=device, dtype=torch.int32) % 5) - 1
+    ad = make_lora(cfg, num_slots=4, max_rank=12, ranks=[12, 5, 12, 12], disabled=(3,),
+                   dtype=dtype, device=device) if use_lora else None  # fmt: skip
+    experts = BatchedTritonExperts(cfg, wt["w13"], wt["w2"], wt["w13_bias"], wt["w2_bias"])
+    out, _, _ = run_batched(experts, x, ids, w, t, token_lora if use_lora else None, ad)
+
+    def ref(limit: float) -> torch.Tensor:
+        return fused_moe_reference(
+            x, wt["w13"], wt["w2"], w, ids, activation="swigluoai", w13_bias=wt["w13_bias"],
+            w2_bias=wt["w2_bias"], lora=MoELoRAContext(ad, token_lora) if ad else None,
+            swiglu_limit=limit,
+        )  # fmt: skip
+
+    assert rel_err(out, ref(0.5)) < REL_L2[dtype]
+    assert rel_err(ref(7.0), ref(0.5)) > 20 * REL_L2[dtype]
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "non_gated"])
@@ -243,7 +272,7 @@ def test_launcher_rejects_bad_inputs(device: str) -> None:
 def test_gemm_tiles_fit_the_devices_shared_memory(gated: bool) -> None:
     """Hopper's budget leaves every tile as listed; Ada's 72 KB cuts the gated decode tiles
     (108-120 KB) to fit, fewer stages first."""
-    from moe_policy.experts.triton_config import _SMEM_LIMIT, GemmConfig, _smem_bytes, smem_budget
+    from moe_policy.experts.triton_config import SMEM_LIMIT, GemmConfig, _smem_bytes, smem_budget
 
     def smem(c: dict) -> int:
         g = GemmConfig(c["BLOCK_N"], c["BLOCK_K"], 1, c["num_warps"], c["num_stages"])
@@ -251,7 +280,7 @@ def test_gemm_tiles_fit_the_devices_shared_memory(gated: bool) -> None:
 
     ada = smem_budget(101376)
     for m in (1, 16, 64, 256, 4096):
-        hopper = gemm_config(m, 4096, 2048, gated, _SMEM_LIMIT)
+        hopper = gemm_config(m, 4096, 2048, gated, SMEM_LIMIT)
         assert hopper == gemm_config(m, 4096, 2048, gated)
         small = gemm_config(m, 4096, 2048, gated, ada)
         assert smem(small) <= ada and small["BLOCK_M"] == hopper["BLOCK_M"]

@@ -57,6 +57,7 @@ def _reference(cfg: ExpertsConfig, wts, x, tw, ti):
         x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
         activation=cfg.activation, gated=cfg.gated, w13_bias=d(wts["w13_bias"]),
         w2_bias=d(wts["w2_bias"]), apply_router_weight_on_input=cfg.apply_router_weight_on_input,
+        swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit,
     )  # fmt: skip
 
 
@@ -72,6 +73,7 @@ def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=
         x, conv["w13"], conv["w2"], tw, ti, activation=cfg.activation, gated=cfg.gated,
         w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
         apply_router_weight_on_input=cfg.apply_router_weight_on_input, config=tiles, naive=naive,
+        swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit,
     )  # fmt: skip
     ref = _reference(cfg, wts, x, tw, ti)
     assert out.shape == x.shape and out.dtype == dtype
@@ -265,6 +267,10 @@ MODEL_CASES = [
     ("nongated-silu-k1", ExpertsConfig(4, 64, 96, 1, "silu", gated=False), 40),
     ("nongated-gelu-k2", ExpertsConfig(8, 48, 32, 2, "gelu", gated=False), 3),
     ("swigluoai-bias-k4", ExpertsConfig(8, 64, 48, 4, "swigluoai", has_bias=True), 11),
+    # a limit most pre-activations exceed, so that the clamp decides the result
+    ("swigluoai-clamp-k2",
+     ExpertsConfig(8, 64, 48, 2, "swigluoai", has_bias=True, swiglu_alpha=1.0, swiglu_limit=0.5),
+     13),
     ("weight-on-input-k1", ExpertsConfig(4, 64, 32, 1, "silu", apply_router_weight_on_input=True), 19),
     ("weight-on-input-relu2",
      ExpertsConfig(8, 32, 32, 2, "relu2", gated=False, has_bias=True, apply_router_weight_on_input=True),
@@ -477,7 +483,7 @@ def test_heuristic_configs_are_sane(t, e, k, h, i, gated):
     for g, b_tiles in ((c.gemm1, 2 if gated else 1), (c.gemm2, 1)):
         for v in (c.block_m, g.block_n, g.block_k):
             assert v >= 16 and v & (v - 1) == 0
-        assert tc._smem_bytes(c.block_m, g, b_tiles) <= tc._SMEM_LIMIT
+        assert tc._smem_bytes(c.block_m, g, b_tiles) <= tc.SMEM_LIMIT
     per_expert = t * k / e
     if per_expert >= 64:
         assert c.block_m == 128
@@ -523,8 +529,8 @@ SMEM_H100, SMEM_A100, SMEM_ADA = 232448, 166912, 101376
 
 
 def test_smem_budget_keeps_hopper_and_shrinks_elsewhere():
-    assert tc.smem_budget(SMEM_H100) == tc._SMEM_LIMIT
-    assert tc.smem_budget(SMEM_A100) == SMEM_A100 - tc._SMEM_RESERVE < tc._SMEM_LIMIT
+    assert tc.smem_budget(SMEM_H100) == tc.SMEM_LIMIT
+    assert tc.smem_budget(SMEM_A100) == SMEM_A100 - tc._SMEM_RESERVE < tc.SMEM_LIMIT
     assert tc.smem_budget(SMEM_ADA) == 72 * 1024
 
 
@@ -557,8 +563,51 @@ def test_fit_stages_drops_stages_then_narrows_n_then_k():
     assert (floor.num_stages, floor.block_n, floor.block_k) == (2, 32, 32)
 
 
-def test_launch_passes_the_devices_limits_to_get_config(monkeypatch):
-    """fused_moe_triton asks get_config for the tensor's device limits (off CUDA: none)."""
+@pytest.mark.parametrize(("e", "i", "k", "h", "gated"),
+                         [(128, 1856, 6, 2688, False), (8, 14336, 2, 4096, True),
+                          (128, 768, 8, 2048, True), (32, 2880, 4, 2880, True)])  # fmt: skip
+def test_fp32_configs_are_cut_to_fit(e, i, k, h, gated):
+    """fp32 operands: the H200 files' tiles (and the heuristic's) are cut until the stages and
+    the output tile fit the budget (they asked for up to 459 KB of 227 on the H200); bf16 and
+    fp16 get the tuned entries untouched."""
+    for t in (1, 16, 64, 256, 1024, 4096, 8192):
+        for name in ("NVIDIA H200", None):
+            bf16 = tc.get_config(t, e, k, h, i, gated, name)
+            assert tc.get_config(t, e, k, h, i, gated, name, elem_bytes=2) == bf16
+            fp32 = tc.get_config(t, e, k, h, i, gated, name, elem_bytes=4)
+            assert (fp32.block_m, fp32.persistent, fp32.tail_m) == (bf16.block_m, bf16.persistent,
+                                                                   bf16.tail_m)  # fmt: skip
+            for g, b_tiles in ((fp32.gemm1, 2 if gated else 1), (fp32.gemm2, 1)):
+                assert tc._smem_bytes(fp32.block_m, g, b_tiles, 4, True) <= tc.SMEM_LIMIT, (t, g)
+                assert g.num_stages >= 2 and g.block_n >= 32 and g.block_k >= 32
+    prefill = tc.get_config(4096, 8, 2, 4096, 14336, True, "NVIDIA H200", elem_bytes=4)
+    assert prefill.gemm2.block_n < 256  # 128 x 256 fp32 output tile: 128 KB on its own
+
+
+def test_lora_shrink_tiles_fit_the_dtype_and_part():
+    """The shrink keeps its tiles in bf16 on Hopper's budget; fp32 or a smaller part first
+    loses a stage, then K width (down to 16 columns)."""
+    from moe_policy.experts.triton_lora import shrink_tiles
+
+    for bm, bk in ((16, 128), (32, 128), (64, 128), (128, 64)):
+        for a_cols in (64, 128):
+            assert shrink_tiles(bm, 2048, a_cols, 2) == (bk, 3)
+    assert shrink_tiles(16, 40, 128, 2) == (64, 3)  # short K: the next power of two
+    assert shrink_tiles(16, 2048, 128, 4) == (128, 2)  # fp32 decode: 3 x 72 KB > 200 KB
+    ada = tc.smem_budget(SMEM_ADA)
+    assert shrink_tiles(16, 2048, 128, 2, ada) == (128, 2)
+    assert shrink_tiles(16, 2048, 128, 4, ada) == (64, 2)
+    assert shrink_tiles(128, 2048, 128, 4, ada) == (32, 2)
+    for bm in (16, 128):
+        bk, stages = shrink_tiles(bm, 2048, 128, 4, ada)
+        assert stages * (bm + 128) * bk * 4 <= ada
+    assert shrink_tiles(128, 2048, 128, 4, 1) == (16, 2)  # nothing fits: the floor, no loop
+
+
+@pytest.mark.parametrize(("dtype", "elem"), [(torch.float16, 2), (torch.float32, 4)])
+def test_launch_passes_the_devices_limits_to_get_config(monkeypatch, dtype, elem):
+    """fused_moe_triton asks get_config for the tensor's device limits (off CUDA: none) and
+    the operands' element size (fp32 tiles take twice the shared memory)."""
     from moe_policy.experts import base, triton_moe
 
     assert base.config_limits(torch.device("cpu")) == {}
@@ -575,12 +624,12 @@ def test_launch_passes_the_devices_limits_to_get_config(monkeypatch):
 
     monkeypatch.setattr(triton_moe, "config_limits", lambda device: {"smem_limit": 1, "num_sms": 2})
     monkeypatch.setattr(triton_moe, "get_config", fake_get_config)
-    x = torch.randn(3, 64, dtype=torch.float16)
+    x = torch.randn(3, 64, dtype=dtype)
     ids = torch.tensor([[0, 1], [1, 2], [2, 3]], dtype=torch.int32)
     with pytest.raises(Stop):
-        fused_moe_triton(x, torch.randn(4, 192, 64, dtype=torch.float16),
-                         torch.randn(4, 64, 96, dtype=torch.float16), torch.rand(3, 2), ids)  # fmt: skip
-    assert seen == {"smem_limit": 1, "num_sms": 2}
+        fused_moe_triton(x, torch.randn(4, 192, 64, dtype=dtype),
+                         torch.randn(4, 64, 96, dtype=dtype), torch.rand(3, 2), ids)  # fmt: skip
+    assert seen == {"smem_limit": 1, "num_sms": 2, "elem_bytes": elem}
 
 
 def test_tuned_key_between_two_entries():
