@@ -1,0 +1,380 @@
+"""Check, without that GPU, that every kernel the Triton MoE launches fits another GPU's shared memory.
+
+The configs are planned for a device's shared memory (``triton_config.smem_budget``), but the
+plan is a model: the compiler adds barriers, layout conversions and the LoRA tiles. This tool
+takes the model out of the loop. It dry-runs the real launcher (``fused_moe_triton``, and the
+batched format's ``batched_moe_triton``) on meta tensors, with the config ``get_config`` gives
+for the target part, records every kernel launch instead of running it, compiles each recorded
+launch for the target architecture with its exact constexprs and options, and compares the
+compiled kernel's shared memory with the part's opt-in limit per block. No GPU is needed:
+Triton compiles for any ``sm_<arch>`` and bundles ``ptxas``.
+
+On pre-Hopper parts (sm_80, sm_86, sm_89) the meta tensors see no TMA or dependent launches,
+as such a GPU does; for Hopper (``h200``) the dry run turns both on, so the descriptors and
+the tuned H200 files are compiled as the H200 runs them.
+
+    python benchmarks/smem_check.py                      # every part, every shape, LoRA or not
+    python benchmarks/smem_check.py --parts l40s --shapes qwen3-30b-a3b --tokens 1 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import itertools
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import Any
+from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _bench_util import SHAPES, MoEShape
+
+
+@dataclass(frozen=True)
+class Part:
+    """A GPU as the launcher sees it: tuned-file name, SM count, opt-in shared memory per block."""
+
+    device_name: str
+    arch: int
+    max_shared_mem: int
+    num_sms: int
+
+
+#: Opt-in shared memory per block as CUDA reports it (``cudaDevAttrMaxSharedMemoryPerBlockOptin``,
+#: what Triton's ``max_shared_mem`` returns): CUDA programming guide, compute capability tables.
+PARTS: dict[str, Part] = {
+    "a100": Part("NVIDIA A100-SXM4-80GB", 80, 166912, 108),
+    "a10": Part("NVIDIA A10", 86, 101376, 72),
+    "l40s": Part("NVIDIA L40S", 89, 101376, 142),
+    "h200": Part("NVIDIA H200", 90, 232448, 132),
+}
+TOKENS = (1, 4, 64, 1024, 4096)
+#: Layer dtypes by short name (torch attribute names).
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: LoRA of the benchmarks: rank 16, 4 adapter slots.
+LORA_RANK, LORA_SLOTS = 16, 4
+
+
+@dataclass
+class Launch:
+    """One recorded kernel launch: the jit function, its positional and keyword arguments."""
+
+    name: str
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def part_limits(call: Call) -> dict[str, Any]:
+    """What ``config_limits`` returns on the call's part (``get_config``'s keywords)."""
+    part = PARTS[call.part]
+    return {"device_name": part.device_name, "smem_limit": planned_smem(call),
+            "num_sms": part.num_sms}  # fmt: skip
+
+
+@contextlib.contextmanager
+def as_on(call: Call) -> Iterator[None]:
+    """Within the block, the launchers see the call's part for the meta tensors: its name,
+    shared memory budget and SM count, and on Hopper or newer TMA and dependent launches (the
+    device queries that find them on a GPU)."""
+    from moe_policy.experts import batched_triton, triton_moe
+
+    part, limits = PARTS[call.part], part_limits(call)
+    hopper = part.arch >= 90
+    with contextlib.ExitStack() as stack:
+        for mod in (triton_moe, batched_triton):
+            stack.enter_context(mock.patch.object(mod, "sm_count", lambda device: part.num_sms))
+            stack.enter_context(mock.patch.object(mod, "config_limits", lambda device: limits))
+        stack.enter_context(mock.patch.object(triton_moe, "_tma_device", lambda t: hopper))
+        stack.enter_context(mock.patch.object(triton_moe, "_pdl_usable", lambda x: hopper))
+        yield
+
+
+@dataclass(frozen=True)
+class Call:
+    """One layer call to dry-run: where, which layer, how many tokens, which format."""
+
+    part: str
+    shape: str
+    tokens: int
+    lora: bool = False
+    fmt: str = "standard"
+    dtype: str = "bf16"
+    plan_smem: int | None = None  # plan configs for this much shared memory, not the budget
+
+
+@dataclass
+class Result:
+    """One compiled launch of a call: its kernel and shared memory against the part's limit."""
+
+    call: Call
+    kernel: str
+    shared: int
+    limit: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.shared <= self.limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self.call), "kernel": self.kernel, "shared": self.shared,
+                "limit": self.limit, "fits": self.fits, "config": self.config}  # fmt: skip
+
+
+def _kernel_modules() -> list[ModuleType]:
+    from moe_policy.experts import align, batched_triton, triton_lora, triton_moe
+
+    return [align, triton_moe, triton_lora, batched_triton]
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list[Launch]]:
+    """Within the block, ``kernel[grid](...)`` of the MoE modules' jit kernels records the
+    launch instead of running it; the kernels are restored on exit."""
+    from triton.runtime.jit import JITFunction
+
+    log: list[Launch] = []
+
+    class _Recorder:
+        def __init__(self, name: str, fn: Any) -> None:
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid: Any) -> Any:
+            return lambda *args, **kwargs: log.append(Launch(self.name, self.fn, args, kwargs))
+
+    saved: list[tuple[ModuleType, str, Any]] = []
+    try:
+        for mod in _kernel_modules():
+            for name, obj in list(vars(mod).items()):
+                if isinstance(obj, JITFunction) and name.endswith("_kernel"):
+                    saved.append((mod, name, obj))
+                    setattr(mod, name, _Recorder(name, obj))
+        yield log
+    finally:
+        for mod, name, obj in saved:
+            setattr(mod, name, obj)
+
+
+def _meta_inputs(
+    shape: MoEShape, t: int, lora: bool, lora_rows: tuple[int, ...] | None = None,
+    dtype: str = "bf16",
+) -> dict[str, Any]:  # fmt: skip
+    """Meta tensors of one layer call in ``dtype``; the LoRA mapping is ``[t]`` or ``lora_rows``."""
+    import torch
+
+    from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
+
+    e, h, i, k = shape.num_experts, shape.hidden, shape.inter, shape.top_k
+
+    layer_dtype = getattr(torch, TORCH_DTYPES[dtype])
+
+    def meta(*size: int, dtype: Any = layer_dtype) -> Any:
+        return torch.empty(*size, dtype=dtype, device="meta")
+
+    inputs = {
+        "x": meta(t, h), "w13": meta(e, shape.n1, h), "w2": meta(e, h, i),
+        "topk_weights": meta(t, k, dtype=torch.float32), "topk_ids": meta(t, k, dtype=torch.int32),
+        "w13_bias": meta(e, shape.n1) if shape.has_bias else None,
+        "w2_bias": meta(e, h) if shape.has_bias else None, "lora": None,
+    }  # fmt: skip
+    if lora:
+        ad = MoELoRAAdapters.allocate(
+            num_slots=LORA_SLOTS, num_experts=e, hidden_size=h, intermediate_size=i,
+            max_rank=LORA_RANK, num_slices=2 if shape.gated else 1, dtype=layer_dtype,
+            device="meta",
+        )  # fmt: skip
+        inputs["lora"] = MoELoRAContext(ad, meta(*(lora_rows or (t,)), dtype=torch.int32))
+    return inputs
+
+
+def planned_smem(call: Call) -> int:
+    """Shared memory the configs plan for: the launcher's budget on the part, or the call's."""
+    from moe_policy.experts.triton_config import smem_budget
+
+    part = PARTS[call.part]
+    return call.plan_smem if call.plan_smem is not None else smem_budget(part.max_shared_mem)
+
+
+def dry_run_standard(call: Call) -> tuple[dict[str, Any], list[Launch]]:
+    """The standard format's launches of ``call`` (its config from get_config for the part)."""
+    from moe_policy.experts.triton_config import get_config
+    from moe_policy.experts.triton_moe import fused_moe_triton
+
+    shape, t = SHAPES[call.shape], call.tokens
+    inp = _meta_inputs(shape, t, call.lora, dtype=call.dtype)
+    with as_on(call), recorded_launches() as log:
+        fused_moe_triton(
+            inp["x"], inp["w13"], inp["w2"], inp["topk_weights"], inp["topk_ids"],
+            activation=shape.activation, gated=shape.gated, w13_bias=inp["w13_bias"],
+            w2_bias=inp["w2_bias"], lora=inp["lora"],
+        )  # fmt: skip
+    # the config the launcher chose (the same call it makes)
+    cfg = get_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter, shape.gated,
+                     elem_bytes=inp["x"].element_size(), **part_limits(call))  # fmt: skip
+    return cfg.to_dict(), log
+
+
+_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
+           "torch.int32": "i32", "torch.int64": "i64", "torch.int8": "i8", "torch.uint8": "u8",
+           "torch.bool": "u1"}  # fmt: skip
+_LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg"}
+
+
+def _specialize(p: Any, value: Any, dns: bool) -> tuple[str, Any, bool]:
+    """(signature type, constexpr value or None, 16-divisible) of one runtime argument, by the
+    rules Triton's launcher specializes with: None and integer 1 become constants, tensors are
+    pointers (16-byte aligned, as torch allocates), integers divisible by 16 are marked so,
+    TMA descriptors are typed by their box."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if value is None:
+        return "constexpr", None, False
+    if isinstance(value, TensorDescriptor):
+        shape = ", ".join(map(str, value.block_shape))
+        return f"tensordesc<{_DTYPES[str(value.base.dtype)]}[{shape}]>", None, False
+    if isinstance(value, torch.Tensor):
+        return "*" + _DTYPES[str(value.dtype)], None, True
+    if isinstance(value, bool):
+        return "i1", None, False
+    if isinstance(value, int):
+        if value == 1 and not dns:
+            return "constexpr", 1, False
+        ty = "i32" if -(2**31) <= value < 2**31 else "i64"
+        return ty, None, not dns and value % 16 == 0
+    if isinstance(value, float):
+        return "fp32", None, False
+    raise TypeError(f"cannot specialize {p.name}={value!r} ({type(value).__name__})")
+
+
+def compile_launch(launch: Launch, arch: int) -> Any:
+    """Compile a recorded launch for ``sm_<arch>``; a CompiledKernel (``metadata.shared``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = launch.fn
+    kwargs = dict(launch.kwargs)
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k in _LAUNCH_OPTIONS}
+    options.pop("launch_pdl", None)
+    names = [p.name for p in fn.params]
+    unknown = set(kwargs) - set(names)
+    if unknown:
+        raise ValueError(f"{launch.name}: unknown keyword arguments {sorted(unknown)}")
+    values = dict(zip(names, launch.args, strict=False)) | kwargs
+    dns = set(fn.do_not_specialize)
+    sig: dict[str, str] = {}
+    constexprs: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
+    for idx, p in enumerate(fn.params):
+        value = values.get(p.name, p.default)
+        if value is inspect.Parameter.empty:
+            raise ValueError(f"{launch.name}: no value recorded for argument {p.name}")
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+            constexprs[(idx,)] = value
+            continue
+        ty, const, div = _specialize(p, value, p.name in dns or idx in dns)
+        sig[p.name] = ty
+        if ty == "constexpr":
+            constexprs[(idx,)] = const
+        elif div:
+            attrs[(idx,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def batched_rows(shape: MoEShape, t: int) -> int:
+    """Rows per expert of the batched format for ``t`` tokens: twice the uniform mean (the
+    busiest expert's share), at least 16, a power of two."""
+    mean = -(-t * shape.top_k // shape.num_experts)
+    return max(16, 1 << (2 * mean - 1).bit_length())
+
+
+def dry_run_batched(call: Call) -> tuple[dict[str, Any], list[Launch]]:
+    """The batched format's launches of ``call`` (``batched_rows`` rows per expert)."""
+    import torch
+
+    from moe_policy.experts import batched_triton
+
+    shape = SHAPES[call.shape]
+    m = batched_rows(shape, call.tokens)
+    e, h = shape.num_experts, shape.hidden
+    inp = _meta_inputs(shape, m, call.lora, lora_rows=(e, m), dtype=call.dtype)
+    with as_on(call), recorded_launches() as log:
+        batched_triton.batched_fused_experts(
+            torch.empty(e, m, h, dtype=getattr(torch, TORCH_DTYPES[call.dtype]), device="meta"),
+            torch.empty(e, dtype=torch.int32, device="meta"), inp["w13"], inp["w2"],
+            activation=shape.activation, gated=shape.gated, w13_bias=inp["w13_bias"],
+            w2_bias=inp["w2_bias"], lora=inp["lora"],
+        )  # fmt: skip
+    return {"rows_per_expert": m}, log
+
+
+DRY_RUNS = {"standard": dry_run_standard, "batched": dry_run_batched}
+
+
+def check(call: Call) -> list[Result]:
+    """Every kernel of one layer call: compiled shared memory against the part's limit."""
+    part = PARTS[call.part]
+    info, launches = DRY_RUNS[call.fmt](call)
+    return [
+        Result(call, launch.name, int(compile_launch(launch, part.arch).metadata.shared),
+               part.max_shared_mem, info)
+        for launch in launches
+    ]  # fmt: skip
+
+
+def _line(r: Result) -> str:
+    c = r.call
+    return (f"{'ok  ' if r.fits else 'OVER'} {c.part:5s} {c.shape:15s} T={c.tokens:<5d} "
+            f"{c.fmt:8s} {c.dtype:4s} {'lora' if c.lora else '    '} {r.kernel:22s} "
+            f"{r.shared / 1024:6.1f} KB of {r.limit / 1024:.0f}")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=sorted(PARTS))
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
+    p.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    p.add_argument("--formats", nargs="+", default=list(DRY_RUNS), choices=sorted(DRY_RUNS))
+    p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=sorted(TORCH_DTYPES))
+    p.add_argument("--no-lora", action="store_true", help="only calls without LoRA")
+    p.add_argument("--plan-smem", type=int, metavar="BYTES",
+                   help="plan configs for this much shared memory instead of the part's budget "
+                        "(e.g. 204800, Hopper's, to see what would not fit)")  # fmt: skip
+    p.add_argument("--json", metavar="PATH", help="also write every result as JSON")
+    args = p.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("smem_check compiles for a GPU target: unset TRITON_INTERPRET")
+    calls = [
+        Call(part, shape, t, lora, fmt, dtype, args.plan_smem)
+        for part, shape, t, fmt, dtype, lora in itertools.product(
+            args.parts, args.shapes, args.tokens, args.formats, args.dtypes,
+            (False,) if args.no_lora else (False, True),
+        )
+    ]  # fmt: skip
+    results: list[Result] = []
+    for call in calls:
+        for r in check(call):
+            results.append(r)
+            print(_line(r), flush=True)
+    over = [r for r in results if not r.fits]
+    print(f"# {len(results) - len(over)} of {len(results)} launches fit")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.to_dict() for r in results], f, indent=1)
+    sys.exit(1 if over else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The Triton MoE's kernels fit pre-Hopper GPUs' shared memory, compiled without the GPU
+(benchmarks/smem_check.py): the launcher is dry-run on meta tensors, each recorded launch is
+compiled for the part's architecture and its shared memory compared with the opt-in limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+import smem_check
+from _bench_util import SHAPES
+
+
+def _run(tmp_path, *flags: str) -> tuple[int, list[dict], str]:
+    """The script as a user runs it (compiling needs Triton's compiler, not the interpreter
+    the CPU test session turns on); its exit status, JSON results and stdout."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    path = tmp_path / "smem.json"
+    cmd = [sys.executable, smem_check.__file__, "--json", str(path), *flags]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode in (0, 1), out.stderr[-3000:]
+    return out.returncode, json.loads(path.read_text()), out.stdout
+
+
+def _kernels(results: list[dict], **where) -> list[str]:
+    return [r["kernel"] for r in results if all(r[k] == v for k, v in where.items())]
+
+
+def test_every_kernel_of_qwen3_fits_an_ada_part(tmp_path):
+    """L40S (sm_89, 99 KB per block): decode and prefill, LoRA or not, both activation formats.
+    The dry run records the launches the launcher makes: decode has no alignment and sums in
+    GEMM 2, prefill aligns and sums in its own kernel, LoRA adds a shrink before each GEMM."""
+    rc, res, stdout = _run(tmp_path, "--parts", "l40s", "--shapes", "qwen3-30b-a3b",
+                           "--tokens", "1", "4096")  # fmt: skip
+    assert rc == 0 and all(r["fits"] for r in res), stdout
+    assert all(r["limit"] == 101376 and 0 <= r["shared"] <= r["limit"] for r in res)
+    std = {"fmt": "standard", "tokens": 1}
+    assert _kernels(res, **std, lora=False) == ["_moe_gemm_kernel"] * 2
+    assert _kernels(res, **std, lora=True) == [
+        "_lora_shrink_kernel", "_moe_gemm_kernel", "_lora_shrink_kernel", "_moe_gemm_kernel",
+        "_moe_sum_kernel",
+    ]  # fmt: skip
+    prefill = _kernels(res, fmt="standard", tokens=4096, lora=False)
+    assert prefill[:1] == ["_align_count_kernel"] and prefill[-3:] == [
+        "_moe_gemm_kernel", "_moe_gemm_kernel", "_moe_sum_kernel",
+    ]  # fmt: skip
+    assert _kernels(res, fmt="batched", tokens=4096, lora=True).count("_lora_shrink_kernel") == 2
+    # the GEMMs are real tiles, not trivially small: the prefill ones use shared memory
+    assert min(r["shared"] for r in res if r["kernel"] == "_moe_gemm_kernel") > 16 * 1024
+    assert "of 99" in stdout
+
+
+def test_tiles_planned_for_hopper_would_not_fit_and_are_reported(tmp_path):
+    """The check can fail: configs planned for Hopper's 200 KB overflow an A10 (sm_86, 99 KB);
+    the script exits 1 and marks those launches OVER. This is what the launcher's
+    device-aware budget (triton_config.smem_budget) prevents."""
+    rc, res, stdout = _run(tmp_path, "--parts", "a10", "--shapes", "mixtral-8x7b",
+                           "--tokens", "4096", "--no-lora", "--formats", "standard",
+                           "--plan-smem", "204800")  # fmt: skip
+    over = [r for r in res if not r["fits"]]
+    assert rc == 1 and over, stdout
+    assert {r["kernel"] for r in over} == {"_moe_gemm_kernel"}
+    assert all(r["shared"] > 101376 for r in over)
+    assert "OVER" in stdout and f"{len(res) - len(over)} of {len(res)} launches fit" in stdout
+
+
+def test_refuses_the_interpreter():
+    """Under TRITON_INTERPRET=1 the script says why it cannot compile instead of a traceback."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, smem_check.__file__], capture_output=True, text=True,
+                         env=env, timeout=120)  # fmt: skip
+    assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("shape", "t", "rows"),
+    [("qwen3-30b-a3b", 1, 16), ("qwen3-30b-a3b", 1024, 128), ("mixtral-8x7b", 4096, 2048),
+     ("nemotron3-nano", 64, 16)],
+)  # fmt: skip
+def test_batched_rows_are_twice_the_mean_share(shape, t, rows):
+    """Rows per expert of the batched dry run: 2x the uniform mean, >= 16, a power of two."""
+    assert smem_check.batched_rows(SHAPES[shape], t) == rows
+
+
+def test_integer_arguments_specialize_as_triton_does():
+    """1 becomes a constant, multiples of 16 are marked divisible, unless the kernel says
+    do_not_specialize; tensors are pointers of their dtype; None is a constant."""
+    import torch
+
+    p = type("P", (), {"name": "x"})()
+    assert smem_check._specialize(p, 1, False) == ("constexpr", 1, False)
+    assert smem_check._specialize(p, 1, True) == ("i32", None, False)
+    assert smem_check._specialize(p, 4096, False) == ("i32", None, True)
+    assert smem_check._specialize(p, 4096, True) == ("i32", None, False)
+    assert smem_check._specialize(p, 2**33, False) == ("i64", None, True)
+    assert smem_check._specialize(p, None, False) == ("constexpr", None, False)
+    t = torch.empty(2, dtype=torch.bfloat16, device="meta")
+    assert smem_check._specialize(p, t, False) == ("*bf16", None, True)
+    with pytest.raises(TypeError, match="cannot specialize x"):
+        smem_check._specialize(p, "oops", False)
