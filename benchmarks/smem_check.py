@@ -9,9 +9,11 @@ launch for the target architecture with its exact constexprs and options, and co
 compiled kernel's shared memory with the part's opt-in limit per block. No GPU is needed:
 Triton compiles for any ``sm_<arch>`` and bundles ``ptxas``.
 
-On pre-Hopper parts (sm_80, sm_86, sm_89) the meta tensors see no TMA or dependent launches,
-as such a GPU does; for Hopper (``h200``) the dry run turns both on, so the descriptors and
-the tuned H200 files are compiled as the H200 runs them.
+On pre-Hopper parts (sm_70 to sm_89) and on ROCm (MI300X, gfx942) the meta tensors see no
+TMA or dependent launches, as such a GPU does; for Hopper (``h200``) the dry run turns both
+on, so the descriptors and the tuned H200 files are compiled as the H200 runs them. A launch
+option the part's Triton backend does not know (``launch_pdl`` on ROCm) is reported too: it
+would be a KeyError at launch there.
 
     python benchmarks/smem_check.py                      # every part, every shape, LoRA or not
     python benchmarks/smem_check.py --parts l40s --shapes qwen3-30b-a3b --tokens 1 4096
@@ -40,21 +42,40 @@ from _bench_util import SHAPES, MoEShape
 
 @dataclass(frozen=True)
 class Part:
-    """A GPU as the launcher sees it: tuned-file name, SM count, opt-in shared memory per block."""
+    """A GPU as the launcher sees it: tuned-file name, architecture, opt-in shared memory per
+    block, SM (CU) count, and the Triton backend that compiles for it."""
 
     device_name: str
-    arch: int
+    arch: int | str
     max_shared_mem: int
     num_sms: int
+    backend: str = "cuda"
+
+    @property
+    def target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.backend, self.arch, 32 if self.backend == "cuda" else 64)
+
+    @property
+    def hopper(self) -> bool:
+        """TMA descriptors and dependent launches (NVIDIA, compute capability 9 or newer)."""
+        return self.backend == "cuda" and isinstance(self.arch, int) and self.arch >= 90
 
 
 #: Opt-in shared memory per block as CUDA reports it (``cudaDevAttrMaxSharedMemoryPerBlockOptin``,
-#: what Triton's ``max_shared_mem`` returns): CUDA programming guide, compute capability tables.
+#: what Triton's ``max_shared_mem`` returns; CUDA programming guide, compute capability tables:
+#: 7.0 96 KB, 7.5 64 KB, 8.0 163 KB, 8.6/8.9 99 KB, 9.0 227 KB), and the MI300X's 64 KB of
+#: local data share per CU. The backends.yaml catalog lets ``triton`` run from capability 7.0
+#: and on ROCm.
 PARTS: dict[str, Part] = {
+    "v100": Part("Tesla V100-SXM2-32GB", 70, 98304, 80),
+    "t4": Part("Tesla T4", 75, 65536, 40),
     "a100": Part("NVIDIA A100-SXM4-80GB", 80, 166912, 108),
     "a10": Part("NVIDIA A10", 86, 101376, 72),
     "l40s": Part("NVIDIA L40S", 89, 101376, 142),
     "h200": Part("NVIDIA H200", 90, 232448, 132),
+    "mi300x": Part("AMD Instinct MI300X", "gfx942", 65536, 304, backend="hip"),
 }
 TOKENS = (1, 4, 64, 1024, 4096)
 #: Layer dtypes by short name (torch attribute names).
@@ -88,7 +109,7 @@ def as_on(call: Call) -> Iterator[None]:
     from moe_policy.experts import batched_triton, triton_moe
 
     part, limits = PARTS[call.part], part_limits(call)
-    hopper = part.arch >= 90
+    hopper = part.hopper
     with contextlib.ExitStack() as stack:
         for mod in (triton_moe, batched_triton):
             stack.enter_context(mock.patch.object(mod, "sm_count", lambda device: part.num_sms))
@@ -120,14 +141,16 @@ class Result:
     shared: int
     limit: int
     config: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # the launch could not run there at all (LaunchOptionError)
 
     @property
     def fits(self) -> bool:
-        return self.shared <= self.limit
+        return self.error is None and self.shared <= self.limit
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self.call), "kernel": self.kernel, "shared": self.shared,
-                "limit": self.limit, "fits": self.fits, "config": self.config}  # fmt: skip
+                "limit": self.limit, "fits": self.fits, "config": self.config,
+                "error": self.error}  # fmt: skip
 
 
 def _kernel_modules() -> list[ModuleType]:
@@ -226,7 +249,6 @@ def dry_run_standard(call: Call) -> tuple[dict[str, Any], list[Launch]]:
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
            "torch.int32": "i32", "torch.int64": "i64", "torch.int8": "i8", "torch.uint8": "u8",
            "torch.bool": "u1"}  # fmt: skip
-_LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg"}
 
 
 def _specialize(p: Any, value: Any, dns: bool) -> tuple[str, Any, bool]:
@@ -256,20 +278,28 @@ def _specialize(p: Any, value: Any, dns: bool) -> tuple[str, Any, bool]:
     raise TypeError(f"cannot specialize {p.name}={value!r} ({type(value).__name__})")
 
 
-def compile_launch(launch: Launch, arch: int) -> Any:
-    """Compile a recorded launch for ``sm_<arch>``; a CompiledKernel (``metadata.shared``)."""
+class LaunchOptionError(ValueError):
+    """A launch passes an option the target's Triton backend does not know (a KeyError at
+    launch on that GPU)."""
+
+
+def compile_launch(launch: Launch, part: Part) -> Any:
+    """Compile a recorded launch for ``part``; a CompiledKernel (``metadata.shared``). Raises
+    LaunchOptionError when the part's backend would refuse one of the launch options."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
 
     fn = launch.fn
     kwargs = dict(launch.kwargs)
-    options = {k: kwargs.pop(k) for k in list(kwargs) if k in _LAUNCH_OPTIONS}
-    options.pop("launch_pdl", None)
     names = [p.name for p in fn.params]
-    unknown = set(kwargs) - set(names)
-    if unknown:
-        raise ValueError(f"{launch.name}: unknown keyword arguments {sorted(unknown)}")
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k not in names}
+    accepted = vars(make_backend(part.target).parse_options({}))
+    rejected = sorted(set(options) - set(accepted))
+    if rejected:
+        raise LaunchOptionError(
+            f"{launch.name}: Triton's {part.backend} backend rejects launch option(s) {rejected}"
+        )
     values = dict(zip(names, launch.args, strict=False)) | kwargs
     dns = set(fn.do_not_specialize)
     sig: dict[str, str] = {}
@@ -290,7 +320,7 @@ def compile_launch(launch: Launch, arch: int) -> Any:
         elif div:
             attrs[(idx,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    return triton.compile(src, target=part.target, options=options)
 
 
 def batched_rows(shape: MoEShape, t: int) -> int:
@@ -327,18 +357,44 @@ def check(call: Call) -> list[Result]:
     """Every kernel of one layer call: compiled shared memory against the part's limit."""
     part = PARTS[call.part]
     info, launches = DRY_RUNS[call.fmt](call)
-    return [
-        Result(call, launch.name, int(compile_launch(launch, part.arch).metadata.shared),
-               part.max_shared_mem, info)
-        for launch in launches
-    ]  # fmt: skip
+    out = []
+    for launch in launches:
+        try:
+            shared = int(compile_launch(launch, part).metadata.shared)
+        except LaunchOptionError as exc:
+            out.append(Result(call, launch.name, 0, part.max_shared_mem, info, str(exc)))
+            continue
+        out.append(Result(call, launch.name, shared, part.max_shared_mem, info))
+    return out
 
 
 def _line(r: Result) -> str:
     c = r.call
+    if r.error:
+        return f"FAIL {c.part:5s} {c.shape:15s} T={c.tokens:<5d} {c.fmt:8s} {r.error}"
     return (f"{'ok  ' if r.fits else 'OVER'} {c.part:5s} {c.shape:15s} T={c.tokens:<5d} "
             f"{c.fmt:8s} {c.dtype:4s} {'lora' if c.lora else '    '} {r.kernel:22s} "
             f"{r.shared / 1024:6.1f} KB of {r.limit / 1024:.0f}")  # fmt: skip
+
+
+def _triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
+
+
+def summary(results: list[Result]) -> list[dict[str, Any]]:
+    """Per part, dtype and format: launches, how many fit, and the largest one."""
+    groups: dict[tuple[str, str, str], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.call.part, r.call.dtype, r.call.fmt), []).append(r)
+    out = []
+    for (part, dtype, fmt), rs in groups.items():
+        top = max(rs, key=lambda r: r.shared)
+        out.append({"part": part, "dtype": dtype, "fmt": fmt, "launches": len(rs),
+                    "fit": sum(r.fits for r in rs), "limit": top.limit, "max_shared": top.shared,
+                    "max_at": {**asdict(top.call), "kernel": top.kernel}})  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -353,6 +409,8 @@ def main() -> None:
                    help="plan configs for this much shared memory instead of the part's budget "
                         "(e.g. 204800, Hopper's, to see what would not fit)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="also write every result as JSON")
+    p.add_argument("--summary-json", metavar="PATH",
+                   help="write the per part/dtype/format summary as JSON")  # fmt: skip
     args = p.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("smem_check compiles for a GPU target: unset TRITON_INTERPRET")
@@ -369,10 +427,19 @@ def main() -> None:
             results.append(r)
             print(_line(r), flush=True)
     over = [r for r in results if not r.fits]
+    for g in summary(results):
+        at = g["max_at"]
+        print(f"# {g['part']:5s} {g['dtype']:4s} {g['fmt']:8s} {g['fit']} of {g['launches']} "
+              f"fit; largest {g['max_shared'] / 1024:.1f} KB of {g['limit'] / 1024:.0f} "
+              f"({at['shape']} T={at['tokens']}{' lora' if at['lora'] else ''} {at['kernel']})")  # fmt: skip
     print(f"# {len(results) - len(over)} of {len(results)} launches fit")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([r.to_dict() for r in results], f, indent=1)
+            json.dump([r.to_dict() for r in results], f)
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump({"argv": sys.argv[1:], "triton": _triton_version(),
+                       "groups": summary(results)}, f, indent=1)  # fmt: skip
     sys.exit(1 if over else 0)
 
 

@@ -122,6 +122,12 @@ def triton_runtime_available() -> tuple[bool, str | None]:
     return False, "no CUDA device and TRITON_INTERPRET is not set"
 
 
+def pdl_launch(pdl: bool) -> dict[str, bool]:
+    """Launch keywords of a programmatic dependent launch: ``launch_pdl`` only when asked for,
+    as Triton's backends for other GPUs (ROCm's among them) reject the option by name."""
+    return {"launch_pdl": True} if pdl else {}
+
+
 @lru_cache(maxsize=8)
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; 4 elsewhere (Triton's interpreter), a small

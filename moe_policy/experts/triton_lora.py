@@ -28,6 +28,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from moe_policy.experts.align import block_pairs
+from moe_policy.experts.base import pdl_launch
 from moe_policy.experts.triton_config import SMEM_LIMIT
 from moe_policy.experts.workspace import Alloc, fresh
 
@@ -409,6 +410,6 @@ def lora_shrink(
         A_ROW_DIV=a_row_div, A_SORTED=a_sorted, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
         BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k, K_STEPS=k_steps,
         RANK_MASK=rank < block_r, PDL=pdl, TRIGGER=trigger,
-        num_warps=4 if block_m <= 64 else 8, num_stages=stages, launch_pdl=pdl,
+        num_warps=4 if block_m <= 64 else 8, num_stages=stages, **pdl_launch(pdl),
     )  # fmt: skip
     return u

@@ -72,6 +72,7 @@ from moe_policy.experts.base import (
     check_common_layout,
     config_limits,
     contiguous_layout,
+    pdl_launch,
     sm_count,
     triton_runtime_available,
 )
@@ -922,7 +923,9 @@ _TMA_MAX_BOX = 256
 
 @lru_cache(maxsize=16)
 def _has_tma(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    """An NVIDIA GPU of compute capability 9 or newer: TMA descriptors and dependent launches.
+    ROCm builds of torch report AMD's gfx9 parts (MI300X: 9.4) as capability 9 too."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def _pdl_usable(x: torch.Tensor) -> bool:
@@ -1218,7 +1221,7 @@ def fused_moe_triton(
     _moe_sum_kernel[(t, triton.cdiv(h, block_h))](
         c3, topk_ids, out, h, e,
         c3.stride(0), c3.stride(1), c3.stride(2), out.stride(0), out.stride(1),
-        TOP_K=k, BLOCK_H=block_h, PDL=pdl, num_warps=4, launch_pdl=pdl,
+        TOP_K=k, BLOCK_H=block_h, PDL=pdl, num_warps=4, **pdl_launch(pdl),
     )  # fmt: skip
     return out
 
@@ -1266,7 +1269,7 @@ def _launch_gemm(
         BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
         TAIL_N=_narrow_tail(n, g.block_n) if PERSISTENT_NARROW_N or not persist else 0,
         STREAM_K=sk is not None,
-        num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=constexprs["PDL"],
+        num_warps=g.num_warps, num_stages=g.num_stages, **pdl_launch(constexprs["PDL"]),
         **constexprs,
     )  # fmt: skip
 

@@ -72,6 +72,42 @@ def test_tiles_planned_for_hopper_would_not_fit_and_are_reported(tmp_path):
     assert "OVER" in stdout and f"{len(res) - len(over)} of {len(res)} launches fit" in stdout
 
 
+def test_every_kernel_compiles_for_rocm_and_fits(tmp_path):
+    """MI300X (gfx942, 64 KB of LDS): the catalog lets ``triton`` run on ROCm; every launch
+    compiles for AMD and fits, and none passes an option ROCm's Triton rejects (no TMA or
+    dependent launches there: ROCm reports gfx9 parts as compute capability 9)."""
+    rc, res, stdout = _run(tmp_path, "--parts", "mi300x", "--shapes", "qwen3-30b-a3b",
+                           "--tokens", "1", "4096")  # fmt: skip
+    assert rc == 0 and all(r["fits"] and r["error"] is None for r in res), stdout
+    assert {r["fmt"] for r in res} == {"standard", "batched"}
+    assert all(r["limit"] == 65536 for r in res)
+
+
+def test_a_launch_option_the_backend_rejects_is_reported():
+    """A dependent-launch option on a launch for ROCm (whose Triton backend refuses the
+    keyword at launch) is a LaunchOptionError, not a compiled kernel."""
+    code = (
+        "import smem_check as s\n"
+        "_, launches = s.dry_run_standard(s.Call('mi300x', 'qwen3-30b-a3b', 1))\n"
+        "gemm = next(x for x in launches if x.name == '_moe_gemm_kernel')\n"
+        "gemm.kwargs['launch_pdl'] = False\n"
+        "try:\n"
+        "    s.compile_launch(gemm, s.PARTS['mi300x'])\n"
+        "except s.LaunchOptionError as exc:\n"
+        "    print('REJECTED', exc)\n"
+        "print('ON_CUDA', s.compile_launch(gemm, s.PARTS['a100']).metadata.shared > 0)\n"
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(smem_check.__file__),
+                                         env.get("PYTHONPATH", "")])  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REJECTED _moe_gemm_kernel: Triton's hip backend rejects launch option(s) " \
+           "['launch_pdl']" in out.stdout  # fmt: skip
+    assert "ON_CUDA True" in out.stdout
+
+
 def test_refuses_the_interpreter():
     """Under TRITON_INTERPRET=1 the script says why it cannot compile instead of a traceback."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}

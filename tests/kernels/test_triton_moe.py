@@ -1124,3 +1124,17 @@ def test_config_persistent_round_trips_and_validates():
         tc.MoEConfig.from_dict({**PERSISTENT_TILES.to_dict(), "persistent": "on"})
     with pytest.raises(ValueError, match="persistent GEMMs run no tail tiles: set tail_m to 0"):
         dataclasses.replace(PERSISTENT_TILES, tail_m=16)
+
+
+@pytest.mark.parametrize(("hip", "cap", "expected"),
+                         [(None, (9, 0), True), (None, (10, 0), True), (None, (8, 9), False),
+                          ("6.2", (9, 4), False)])  # fmt: skip
+def test_tma_and_dependent_launches_only_on_nvidia_hopper(monkeypatch, hip, cap, expected):
+    """ROCm builds of torch report MI300-class GPUs as compute capability 9.4: no TMA or
+    dependent launches there (ROCm's Triton rejects the launch option by name)."""
+    from moe_policy.experts import base, triton_moe
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: cap)
+    assert triton_moe._has_tma.__wrapped__(0) is expected
+    assert base.pdl_launch(False) == {} and base.pdl_launch(True) == {"launch_pdl": True}
