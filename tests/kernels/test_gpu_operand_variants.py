@@ -1,4 +1,4 @@
-"""Operands off the bf16 model-shape path, on the GPU: other dtypes and unaligned rows.
+"""Off the bf16 H200 path, on the GPU: other dtypes, unaligned rows, other parts' tiles.
 
 fp32 and fp16 layers at full model shapes: the configs (tuned files and heuristic) are planned
 for 2-byte elements; fp32 doubles every tile, so the launcher must cut them for the dtype it
@@ -8,6 +8,10 @@ and the batched format, at decode and prefill sizes, against the fp32 reference.
 Rows that are not 16-byte multiples (H or I odd multiples of 4 elements in bf16): TMA
 descriptors cannot describe them, so the launcher falls back to pointer loads on Hopper too;
 the heuristic's tiles run with N and K tails.
+
+Tiles planned for an Ada part (L40S: 72 KB budget, no TMA, no dependent launches) run here
+as that part would run them, so the cut tiles are checked for correctness at full shapes
+(their fit is checked by compiling, benchmarks/smem_check.py).
 """
 
 from __future__ import annotations
@@ -127,5 +131,38 @@ def test_unaligned_rows_take_pointer_loads(name, t, use_lora):
     conv = TritonExperts.convert_weights(cfg, wt["w13"], wt["w2"])
     out = triton_moe.fused_moe_triton(x, conv["w13"], conv["w2"], w, ids,
                                       activation=cfg.activation, gated=cfg.gated, lora=lora)  # fmt: skip
+    err = rel_err(out, _reference(cfg, wt, x, w, ids, lora))
+    assert err < 1.5e-2, f"{name} T={t}: {err:.2e}"
+
+
+#: What config_limits reports on an L40S (sm_89: 99 KB opt-in -> a 72 KB budget, 142 SMs).
+ADA_LIMITS = {"device_name": "NVIDIA L40S", "smem_limit": 101376 - 27 * 1024, "num_sms": 142}
+FULL = {
+    "nemotron3-nano": ExpertsConfig(128, 2688, 1856, 6, "relu2", gated=False),
+    "qwen3-30b-a3b": ExpertsConfig(128, 2048, 768, 8, "silu"),
+}
+
+
+@pytest.mark.parametrize("use_lora", [False, True], ids=["base", "lora"])
+@pytest.mark.parametrize("t", [1, 300, 3000])
+@pytest.mark.parametrize("name", list(FULL))
+def test_tiles_planned_for_an_ada_part_compute_correctly(name, t, use_lora, monkeypatch):
+    """The launcher as an L40S runs it (its 72 KB budget, so narrower tiles and fewer stages;
+    no TMA, no dependent launches), executed on this GPU at full shapes: the cut tiles and
+    the pointer-load path give the reference's result."""
+    from moe_policy.experts import triton_moe
+
+    monkeypatch.setattr(triton_moe, "config_limits", lambda device: ADA_LIMITS)
+    monkeypatch.setattr(triton_moe, "_tma_device", lambda t: False)
+    monkeypatch.setattr(triton_moe, "_pdl_usable", lambda x: False)
+    cfg = FULL[name]
+    wt = make_weights(cfg, torch.bfloat16, "cuda", seed=9)
+    ad = make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 16], disabled=(3,),
+                   dtype=torch.bfloat16, device="cuda")  # fmt: skip
+    w, ids = make_routing(t, cfg.num_experts, cfg.top_k, "cuda", seed=t)
+    x = torch.randn(t, cfg.hidden_size, device="cuda").bfloat16()
+    mapping = ((torch.arange(t, device="cuda") % 5) - 1).int()
+    lora = MoELoRAContext(ad, mapping) if use_lora else None
+    out = TritonExperts(cfg, wt["w13"], wt["w2"]).apply(x, w, ids, lora)
     err = rel_err(out, _reference(cfg, wt, x, w, ids, lora))
     assert err < 1.5e-2, f"{name} T={t}: {err:.2e}"
