@@ -72,6 +72,18 @@ def test_tiles_planned_for_hopper_would_not_fit_and_are_reported(tmp_path):
     assert "OVER" in stdout and f"{len(res) - len(over)} of {len(res)} launches fit" in stdout
 
 
+def test_fp32_fits_the_h200(tmp_path):
+    """fp32 on Hopper, with TMA descriptors and the tuned H200 file: Mixtral's persistent,
+    stream-K prefill GEMMs once asked for up to 459 KB of the H200's 227 KB (a launch
+    failure the H200 showed); cut for 4-byte operands, every launch fits."""
+    rc, res, stdout = _run(tmp_path, "--parts", "h200", "--shapes", "mixtral-8x7b",
+                           "--tokens", "4096", "--formats", "standard", "--dtypes", "fp32")  # fmt: skip
+    assert rc == 0 and all(r["fits"] for r in res), stdout
+    assert all(r["limit"] == 232448 for r in res)
+    assert _kernels(res, lora=False).count("_moe_gemm_kernel") == 2
+    assert all(r["config"]["persistent"] for r in res)
+
+
 def test_every_kernel_compiles_for_rocm_and_fits(tmp_path):
     """MI300X (gfx942, 64 KB of LDS): the catalog lets ``triton`` run on ROCm; every launch
     compiles for AMD and fits, and none passes an option ROCm's Triton rejects (no TMA or
