@@ -49,13 +49,25 @@ def layers():
             cache.clear()
             torch.cuda.empty_cache()
             cfg = SHAPES[name]
-            wt = make_weights(cfg, dtype, "cuda", seed=3)
-            ad = make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 16], disabled=(3,),
-                           dtype=dtype, device="cuda")  # fmt: skip
-            cache[(name, dtype)] = (cfg, wt, ad)
+            cache[(name, dtype)] = (cfg, make_weights(cfg, dtype, "cuda", seed=3),
+                                    _adapters(cfg, dtype))  # fmt: skip
         return cache[(name, dtype)]
 
     return get
+
+
+def _adapters(cfg: ExpertsConfig, dtype: torch.dtype):
+    """4 slots, ranks 16/8/16/16, slot 3 disabled."""
+    return make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 16], disabled=(3,),
+                     dtype=dtype, device="cuda")  # fmt: skip
+
+
+def _call_inputs(cfg: ExpertsConfig, t: int, dtype: torch.dtype, ad, use_lora: bool):
+    """(x, topk_weights, topk_ids, LoRA context or None): tokens cycle through -1 and slots 0-3."""
+    w, ids = make_routing(t, cfg.num_experts, cfg.top_k, "cuda", seed=t)
+    x = torch.randn(t, cfg.hidden_size, device="cuda").to(dtype)
+    mapping = ((torch.arange(t, device="cuda") % 5) - 1).int()
+    return x, w, ids, MoELoRAContext(ad, mapping) if use_lora else None
 
 
 def _reference(cfg, wt, x, w, ids, lora=None):
@@ -74,10 +86,7 @@ def _reference(cfg, wt, x, w, ids, lora=None):
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_standard_format(name, dtype, t, use_lora, layers):
     cfg, wt, ad = layers(name, dtype)
-    w, ids = make_routing(t, cfg.num_experts, cfg.top_k, "cuda", seed=t)
-    x = torch.randn(t, cfg.hidden_size, device="cuda").to(dtype)
-    mapping = ((torch.arange(t, device="cuda") % 5) - 1).int()
-    lora = MoELoRAContext(ad, mapping) if use_lora else None
+    x, w, ids, lora = _call_inputs(cfg, t, dtype, ad, use_lora)
     out = TritonExperts(cfg, wt["w13"], wt["w2"]).apply(x, w, ids, lora)
     err = rel_err(out, _reference(cfg, wt, x, w, ids, lora))
     assert out.dtype == dtype and err < REL_TOL[dtype], f"{name} T={t}: {err:.2e}"
@@ -122,12 +131,7 @@ def test_unaligned_rows_take_pointer_loads(name, t, use_lora):
     cfg = ODD[name]
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=5)
     assert not triton_moe._tma_usable(wt["w2"].view(-1, cfg.intermediate_size))
-    ad = make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 16], disabled=(3,),
-                   dtype=torch.bfloat16, device="cuda")  # fmt: skip
-    w, ids = make_routing(t, cfg.num_experts, cfg.top_k, "cuda", seed=t)
-    x = torch.randn(t, cfg.hidden_size, device="cuda").bfloat16()
-    mapping = ((torch.arange(t, device="cuda") % 5) - 1).int()
-    lora = MoELoRAContext(ad, mapping) if use_lora else None
+    x, w, ids, lora = _call_inputs(cfg, t, torch.bfloat16, _adapters(cfg, torch.bfloat16), use_lora)
     conv = TritonExperts.convert_weights(cfg, wt["w13"], wt["w2"])
     out = triton_moe.fused_moe_triton(x, conv["w13"], conv["w2"], w, ids,
                                       activation=cfg.activation, gated=cfg.gated, lora=lora)  # fmt: skip
@@ -157,12 +161,7 @@ def test_tiles_planned_for_an_ada_part_compute_correctly(name, t, use_lora, monk
     monkeypatch.setattr(triton_moe, "_pdl_usable", lambda x: False)
     cfg = FULL[name]
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=9)
-    ad = make_lora(cfg, num_slots=4, max_rank=16, ranks=[16, 8, 16, 16], disabled=(3,),
-                   dtype=torch.bfloat16, device="cuda")  # fmt: skip
-    w, ids = make_routing(t, cfg.num_experts, cfg.top_k, "cuda", seed=t)
-    x = torch.randn(t, cfg.hidden_size, device="cuda").bfloat16()
-    mapping = ((torch.arange(t, device="cuda") % 5) - 1).int()
-    lora = MoELoRAContext(ad, mapping) if use_lora else None
+    x, w, ids, lora = _call_inputs(cfg, t, torch.bfloat16, _adapters(cfg, torch.bfloat16), use_lora)
     out = TritonExperts(cfg, wt["w13"], wt["w2"]).apply(x, w, ids, lora)
     err = rel_err(out, _reference(cfg, wt, x, w, ids, lora))
     assert err < 1.5e-2, f"{name} T={t}: {err:.2e}"
