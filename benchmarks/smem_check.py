@@ -37,7 +37,7 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _bench_util import SHAPES, MoEShape
+from _bench_util import SHAPES, MoEShape, positive_int
 
 
 @dataclass(frozen=True)
@@ -401,11 +401,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=sorted(PARTS))
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
-    p.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    p.add_argument("--tokens", nargs="+", type=positive_int, default=list(TOKENS))
     p.add_argument("--formats", nargs="+", default=list(DRY_RUNS), choices=sorted(DRY_RUNS))
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=sorted(TORCH_DTYPES))
     p.add_argument("--no-lora", action="store_true", help="only calls without LoRA")
-    p.add_argument("--plan-smem", type=int, metavar="BYTES",
+    p.add_argument("--plan-smem", type=positive_int, metavar="BYTES",
                    help="plan configs for this much shared memory instead of the part's budget "
                         "(e.g. 204800, Hopper's, to see what would not fit)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="also write every result as JSON")

@@ -120,6 +120,18 @@ def test_a_launch_option_the_backend_rejects_is_reported():
     assert "ON_CUDA True" in out.stdout
 
 
+@pytest.mark.parametrize(("flags", "message"),
+                         [(["--tokens", "0"], "argument --tokens: must be at least 1, got '0'"),
+                          (["--parts", "b200"], "argument --parts: invalid choice: 'b200'"),
+                          (["--plan-smem", "lots"], "argument --plan-smem: not an integer: 'lots'")])  # fmt: skip
+def test_bad_arguments_are_named(flags, message):
+    """A bad flag value is an argparse error naming the flag, not a traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, smem_check.__file__, *flags], capture_output=True,
+                         text=True, env=env, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+
+
 def test_refuses_the_interpreter():
     """Under TRITON_INTERPRET=1 the script says why it cannot compile instead of a traceback."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
