@@ -246,36 +246,22 @@ def dry_run_standard(call: Call) -> tuple[dict[str, Any], list[Launch]]:
     return cfg.to_dict(), log
 
 
-_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
-           "torch.int32": "i32", "torch.int64": "i64", "torch.int8": "i8", "torch.uint8": "u8",
-           "torch.bool": "u1"}  # fmt: skip
+def _specialize(p: Any, value: Any, backend: Any) -> tuple[str, Any, Any]:
+    """(signature type, constexpr value, attribute string) of one runtime argument, by
+    Triton's own launcher rules for ``backend`` (``native_specialize_impl``, what ``kernel[grid]``
+    runs): None and integer 1 become constants, tensors are pointers of their dtype, TMA
+    descriptors are typed by their box, ``"D"`` marks a 16-divisible value or address."""
+    from triton._C.libtriton import native_specialize_impl
 
-
-def _specialize(p: Any, value: Any, dns: bool) -> tuple[str, Any, bool]:
-    """(signature type, constexpr value or None, 16-divisible) of one runtime argument, by the
-    rules Triton's launcher specializes with: None and integer 1 become constants, tensors are
-    pointers (16-byte aligned, as torch allocates), integers divisible by 16 are marked so,
-    TMA descriptors are typed by their box."""
-    import torch
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if value is None:
-        return "constexpr", None, False
-    if isinstance(value, TensorDescriptor):
-        shape = ", ".join(map(str, value.block_shape))
-        return f"tensordesc<{_DTYPES[str(value.base.dtype)]}[{shape}]>", None, False
-    if isinstance(value, torch.Tensor):
-        return "*" + _DTYPES[str(value.dtype)], None, True
-    if isinstance(value, bool):
-        return "i1", None, False
-    if isinstance(value, int):
-        if value == 1 and not dns:
-            return "constexpr", 1, False
-        ty = "i32" if -(2**31) <= value < 2**31 else "i64"
-        return ty, None, not dns and value % 16 == 0
-    if isinstance(value, float):
-        return "fp32", None, False
-    raise TypeError(f"cannot specialize {p.name}={value!r} ({type(value).__name__})")
+    specialize = not getattr(p, "do_not_specialize", False)
+    align = not getattr(p, "do_not_specialize_on_alignment", False)
+    try:
+        ty, attr = native_specialize_impl(
+            backend, value, getattr(p, "is_const", False), specialize, align
+        )
+    except TypeError as exc:
+        raise TypeError(f"cannot specialize {p.name}={value!r}: {exc}") from exc
+    return (ty, attr, None) if ty == "constexpr" else (ty, None, attr)
 
 
 class LaunchOptionError(ValueError):
@@ -294,14 +280,14 @@ def compile_launch(launch: Launch, part: Part) -> Any:
     kwargs = dict(launch.kwargs)
     names = [p.name for p in fn.params]
     options = {k: kwargs.pop(k) for k in list(kwargs) if k not in names}
-    accepted = vars(make_backend(part.target).parse_options({}))
+    backend = make_backend(part.target)
+    accepted = vars(backend.parse_options({}))
     rejected = sorted(set(options) - set(accepted))
     if rejected:
         raise LaunchOptionError(
             f"{launch.name}: Triton's {part.backend} backend rejects launch option(s) {rejected}"
         )
     values = dict(zip(names, launch.args, strict=False)) | kwargs
-    dns = set(fn.do_not_specialize)
     sig: dict[str, str] = {}
     constexprs: dict[tuple[int, ...], Any] = {}
     attrs: dict[tuple[int, ...], Any] = {}
@@ -313,12 +299,12 @@ def compile_launch(launch: Launch, part: Part) -> Any:
             sig[p.name] = "constexpr"
             constexprs[(idx,)] = value
             continue
-        ty, const, div = _specialize(p, value, p.name in dns or idx in dns)
+        ty, const, attr = _specialize(p, value, backend)
         sig[p.name] = ty
         if ty == "constexpr":
             constexprs[(idx,)] = const
-        elif div:
-            attrs[(idx,)] = [["tt.divisibility", 16]]
+        elif attr:
+            attrs[(idx,)] = backend.parse_attr(attr)
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=part.target, options=options)
 

@@ -151,18 +151,22 @@ def test_batched_rows_are_twice_the_mean_share(shape, t, rows):
 
 
 def test_integer_arguments_specialize_as_triton_does():
-    """1 becomes a constant, multiples of 16 are marked divisible, unless the kernel says
-    do_not_specialize; tensors are pointers of their dtype; None is a constant."""
+    """1 becomes a constant, multiples of 16 are marked divisible ("D"), unless the kernel
+    says do_not_specialize; tensors are pointers of their dtype; None is a constant."""
     import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
 
+    cuda = make_backend(GPUTarget("cuda", 90, 32))
     p = type("P", (), {"name": "x"})()
-    assert smem_check._specialize(p, 1, False) == ("constexpr", 1, False)
-    assert smem_check._specialize(p, 1, True) == ("i32", None, False)
-    assert smem_check._specialize(p, 4096, False) == ("i32", None, True)
-    assert smem_check._specialize(p, 4096, True) == ("i32", None, False)
-    assert smem_check._specialize(p, 2**33, False) == ("i64", None, True)
-    assert smem_check._specialize(p, None, False) == ("constexpr", None, False)
+    fixed = type("P", (), {"name": "x", "do_not_specialize": True})()
+    assert smem_check._specialize(p, 1, cuda) == ("constexpr", 1, None)
+    assert smem_check._specialize(fixed, 1, cuda) == ("i32", None, None)
+    assert smem_check._specialize(p, 4096, cuda) == ("i32", None, "D")
+    assert smem_check._specialize(fixed, 4096, cuda) == ("i32", None, None)
+    assert smem_check._specialize(p, 2**33, cuda) == ("i64", None, "D")
+    assert smem_check._specialize(p, None, cuda) == ("constexpr", None, None)
     t = torch.empty(2, dtype=torch.bfloat16, device="meta")
-    assert smem_check._specialize(p, t, False) == ("*bf16", None, True)
+    assert smem_check._specialize(p, t, cuda) == ("*bf16", None, "D")
     with pytest.raises(TypeError, match="cannot specialize x"):
-        smem_check._specialize(p, "oops", False)
+        smem_check._specialize(p, "oops", cuda)
