@@ -10,7 +10,13 @@ itself (padding, short K, many experts)? For one layer call (shape, T, the unifo
   the same expert-sorted rows, no padding, no activation;
 - ``dense``: one ``torch.mm`` (cuBLAS) with as many rows as our blocks compute (padding and
   tail tiles counted) and ONE weight matrix: no per-expert weight traffic, so a ceiling for
-  the tile work, not a peer.
+  the tile work, not a peer;
+- ``ours_dense``: our two GEMM kernels on the same rows and ONE weight matrix (one expert,
+  top-1, the point's tile config): ``dense`` vs ``ours_dense`` is our GEMM code against
+  cuBLAS, ``ours_dense`` vs ``ours`` what the MoE structure costs our kernels;
+- ``bmm``: ``torch.bmm`` (cuBLAS, batched) with every expert's weights and the routed pairs
+  spread evenly (pairs / E rows each, no padding): the per-expert weight traffic of the layer
+  without its routing irregularity, computed by cuBLAS tiles.
 
 TF/s are counted on the rows each computes (``padded_rows``) and on the routed pairs.
 
@@ -33,7 +39,7 @@ from kernels import kernel_breakdown, make_case, make_weights
 
 TOKENS = (1024, 4096, 8192)
 BENCH_SHAPES = ("nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b")
-IMPLS = ("ours", "grouped", "dense")
+IMPLS = ("ours", "grouped", "dense", "ours_dense", "bmm")
 
 
 def padded_rows(counts: Sequence[int], block_m: int, tail_m: int = 0) -> int:
@@ -106,6 +112,17 @@ def measure_point(shape: MoEShape, t: int, reps: int, device_name: str) -> dict[
         ExpertsConfig(e, shape.hidden, shape.inter, k, shape.activation, shape.gated,
                       shape.has_bias), w["w13"], w["w2"],
     )  # fmt: skip
+    one = TritonExperts(
+        ExpertsConfig(1, shape.hidden, shape.inter, 1, shape.activation, shape.gated,
+                      shape.has_bias),
+        w["w13"][:1], w["w2"][:1], tile_config=cfg,
+    )  # fmt: skip
+    x_one = torch.randn(ours_rows, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    ids_one = torch.zeros(ours_rows, 1, device="cuda", dtype=torch.int32)
+    w_one = torch.ones(ours_rows, 1, device="cuda", dtype=torch.float32)
+    per_e = pairs // e
+    x_e = torch.randn(e, per_e, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    act_e = torch.randn(e, per_e, shape.inter, device="cuda", dtype=torch.bfloat16)
     xs = case.x[order // k].contiguous()
     act = torch.randn(pairs, shape.inter, device="cuda", dtype=torch.bfloat16)
     w13t, w2t = w["w13"].transpose(1, 2), w["w2"].transpose(1, 2)
@@ -124,8 +141,16 @@ def measure_point(shape: MoEShape, t: int, reps: int, device_name: str) -> dict[
             sum(gemm_us(lambda: a1 @ b1, reps, every_kernel)),
             sum(gemm_us(lambda: a2 @ b2, reps, every_kernel)),
         ],
+        "ours_dense": gemm_us(lambda: one.apply(x_one, w_one, ids_one), reps, our_gemms),
+        "bmm": [
+            sum(gemm_us(lambda: torch.bmm(x_e, w13t), reps, every_kernel)),
+            sum(gemm_us(lambda: torch.bmm(act_e, w2t), reps, every_kernel)),
+        ],
     }
-    rows_of = {"ours": ours_rows, "grouped": pairs, "dense": ours_rows}
+    rows_of = {
+        "ours": ours_rows, "grouped": pairs, "dense": ours_rows, "ours_dense": ours_rows,
+        "bmm": per_e * e,
+    }  # fmt: skip
     real = gemm_flops(shape, pairs)
     point: dict[str, Any] = {
         "shape": shape.name, "T": t, "pairs": pairs, "padded_rows": ours_rows,
