@@ -15,7 +15,7 @@ routing (profiler device time, as ``gemm_ceiling.py``).
 Written against the GPU machine's Triton 3.6 Gluon API (Triton 3.9 renamed the TMA copies to
 ``async_load``/``async_store``), so it is an experiment, not a backend. On the H200 its best
 cuts (128 x 128 tiles, 5 stages; one 8-warp consumer or two 4-warp ping-pong consumers) took
-0.94-1.02x our GEMM 2's time at T = 4096-8192 on Nemotron and Qwen3
+0.94-1.02x our GEMM 2's time at T = 4096-8192 on Nemotron and Qwen3, 1.03-1.06x on Mixtral
 (``results/ab_gluon_ws_gemm_h200.txt``): warp specialization alone does not buy the 15-25 %
 the remaining issue-4 targets need.
 
