@@ -1138,3 +1138,70 @@ def test_tma_and_dependent_launches_only_on_nvidia_hopper(monkeypatch, hip, cap,
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: cap)
     assert triton_moe._has_tma.__wrapped__(0) is expected
     assert base.pdl_launch(False) == {} and base.pdl_launch(True) == {"launch_pdl": True}
+
+
+FOLD_TILES = tc.MoEConfig(
+    32, tc.GemmConfig(32, 32, 2, 4, 2, tma=True), tc.GemmConfig(32, 16, 3, 4, 2, tma=True),
+    persistent=True, fold=True,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("act", "gated", "k", "on_input", "gemm1"),
+    [
+        ("silu", True, 2, False, FOLD_TILES.gemm1),  # one-dot gated through TMA
+        ("gelu", True, 3, False, tc.GemmConfig(32, 32, 2, 4, 2)),  # two dots, pointer loads
+        ("relu2", False, 2, True, FOLD_TILES.gemm1),  # non-gated, weight on the input
+        ("silu", True, 1, False, FOLD_TILES.gemm1),  # k = 1: GEMM 2 writes the output
+    ],
+    ids=["one-dot-tma", "two-dot", "nongated-on-input", "k1-direct"],
+)
+def test_fat_blocks_match_plain_persistent_tiles(act, gated, k, on_input, gemm1, device,
+                                                 monkeypatch):  # fmt: skip
+    """Experts whose last block holds at most BLOCK_M / 2 pairs after a full block run the two
+    as one fat tile (half-width N): the layer equals the persistent layer without fat tiles
+    and the reference, and the alignment's work list holds fat blocks."""
+    from moe_policy.experts import triton_moe
+
+    dtype = dtypes_for_device()[-1]
+    e = 4
+    cfg = ExpertsConfig(e, 64, 64, k, act, gated=gated, has_bias=True,
+                        apply_router_weight_on_input=on_input)  # fmt: skip
+    wts = make_weights(cfg, dtype, device)
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    t = 2000 if ON_GPU else 168 // k  # off the GPU: ~42 pairs an expert, a 32-row block + ~10
+    x = make_x(t, 64, dtype, device)
+    tw, ti = make_routing(t, e, k, device, seed=13)
+    work = moe_align(ti, e, 32, fold_m=16)
+    n_plain, n_fat = work.num_work.tolist()
+    counts = torch.bincount(ti.flatten().long(), minlength=e)
+    assert n_fat == int(((counts > 32) & (counts % 32 > 0) & (counts % 32 <= 16)).sum()) > 0
+    assert n_plain + 2 * n_fat == int(work.num_padded) // 32
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+
+    run = _layer_call(x, conv, tw, ti, act, gated, on_input)
+    tiles = dataclasses.replace(FOLD_TILES, gemm1=gemm1)
+    fat = run(tiles)
+    plain = run(dataclasses.replace(tiles, fold=False))
+    # fat blocks: each GEMM runs the plain blocks, then the fat ones in a launch of their own
+    assert [(kw["FOLD_M"], kw["FAT"]) for _, kw in gemms] == [
+        (16, False),
+        (16, True),
+        (16, False),
+        (16, True),
+        (0, False),
+        (0, False),
+    ]
+    assert rel_err(fat, plain.double()) < (1e-3 if ON_GPU else 1e-6)
+    assert rel_err(fat, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+
+
+def test_fold_config_round_trips_and_needs_persistent():
+    assert tc.MoEConfig.from_dict(FOLD_TILES.to_dict()) == FOLD_TILES
+    assert "fold" not in dataclasses.replace(FOLD_TILES, fold=False).to_dict()
+    with pytest.raises(ValueError, match="fold needs persistent"):
+        dataclasses.replace(FOLD_TILES, persistent=False)
+    with pytest.raises(ValueError, match="fold must be true or false"):
+        tc.MoEConfig.from_dict({**FOLD_TILES.to_dict(), "fold": 1})
