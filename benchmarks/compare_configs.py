@@ -69,8 +69,8 @@ def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
     ("plain"), with tail tiles of a quarter and a half of BLOCK_M, with programmatic dependent
     launches switched ("pdl" on, "no_pdl" off) and, where they are on, the decode trigger
     forced ("trigger") or off ("no_trigger"), persistent GEMMs switched ("persistent" without
-    tail tiles, "not_persistent" with the default ones) and, where they are on, fat blocks
-    switched ("fold", "no_fold"), and the heuristic config where a tuned file differs."""
+    tail tiles, "not_persistent" with the default ones), and the heuristic config where a
+    tuned file differs."""
     base = _shipped(shape, t, device)
     plain = replace(base, tail_m=0, persistent=False)
     out = {"shipped": base, "plain": plain}
@@ -81,10 +81,7 @@ def variants(shape: MoEShape, t: int, device: str) -> dict[str, MoEConfig]:
     if base.pdl:  # the decode trigger needs dependent launches
         out["no_trigger" if base.trigger else "trigger"] = replace(base, trigger=not base.trigger)
     if base.persistent:  # back to one program per tile, with the default tail tiles
-        out["not_persistent"] = replace(
-            base, persistent=False, tail_m=default_tail_m(base.block_m), fold=False
-        )
-        out["no_fold" if base.fold else "fold"] = replace(base, fold=not base.fold)
+        out["not_persistent"] = replace(base, persistent=False, tail_m=default_tail_m(base.block_m))
     else:
         out["persistent"] = replace(base, persistent=True, tail_m=0)
     heur = heuristic_config(t, shape.num_experts, shape.top_k, shape.hidden, shape.inter,

@@ -36,7 +36,7 @@ _NOT_DIVISIBLE = {"numel", "num_blocks", "num_slots", "lora_rank", "num_experts"
 #: Pointer arguments by element type (others are the layer dtype).
 _INT_POINTERS = {"topk_ids_ptr", "sorted_ids_ptr", "expert_ids_ptr", "num_padded_ptr",
                  "block_rows_ptr", "lora_map_ptr", "lora_enabled_ptr", "cnt_ptr",
-                 "sk_cnt_ptr", "work_ptr", "num_work_ptr"}  # fmt: skip
+                 "sk_cnt_ptr"}  # fmt: skip
 _FP32_POINTERS = {"lora_u_ptr", "topk_w_ptr", "sk_ws_ptr"}
 #: Strides that are 1 for contiguous operands (Triton specializes an argument equal to 1).
 _UNIT_STRIDES = {"stride_ak", "stride_bk", "stride_cn", "stride_ur", "stride_lbr", "stride_bias_n"}
@@ -60,7 +60,7 @@ def gemm_constexprs(
         NAIVE=naive, ONE_DOT=one_dot, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, BLOCK_R=16, U_SPLIT=1, RANK_MASK=False, GROUP_M=1 if block_m <= 32 else 8,
         TAIL_M=tail_m, SUM_K=0, ZERO_CNT=0, PDL=False, PDL_LATE=False, TAIL_N=0, TRIGGER=False,
-        LORA_B_AHEAD=lora, PERSISTENT=persistent, STREAM_K=stream_k, FOLD_M=0, FAT=False,
+        LORA_B_AHEAD=lora, PERSISTENT=persistent, STREAM_K=stream_k,
     )  # fmt: skip
 
 
@@ -105,10 +105,8 @@ def compile_gemm(
     const = {**constexprs, **{s: 1 for s in _UNIT_STRIDES}}
     types = {p: "*i32" for p in _INT_POINTERS} | {p: "*fp32" for p in _FP32_POINTERS}
     b_cols = 2 * const["BLOCK_N"] if const["GATED"] and const["ONE_DOT"] else const["BLOCK_N"]
-    fold = const.get("FOLD_M", 0) > 0
     for desc, on, rows in (("a_desc", const["A_TMA"], const["BLOCK_M"]),
-                           ("b_desc", const["B_TMA"], b_cols),
-                           ("b_desc_f", const["B_TMA"] and fold, b_cols // 2)):  # fmt: skip
+                           ("b_desc", const["B_TMA"], b_cols)):  # fmt: skip
         if on:
             types[desc] = f"tensordesc<{dtype}[{rows}, {const['BLOCK_K']}]>"
         else:

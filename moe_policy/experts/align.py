@@ -78,8 +78,6 @@ class AlignedRouting(NamedTuple):
     block_rows: torch.Tensor
     block_m: int
     max_blocks: int
-    work_blocks: torch.Tensor | None = None
-    num_work: torch.Tensor | None = None
 
 
 def stable_supported(num_experts: int) -> bool:
@@ -104,8 +102,6 @@ def _offsets_and_blocks(
     num_padded_ptr,
     block_rows_ptr,
     cursor_ptr,
-    work_ptr,
-    num_work_ptr,
     # sizes
     numel,
     num_experts,
@@ -114,7 +110,6 @@ def _offsets_and_blocks(
     BLOCK_M: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
     WRITE_CURSOR: tl.constexpr,
-    FOLD_M: tl.constexpr = 0,
     SENT_COLS: tl.constexpr = 16,
 ):
     """From per-expert counts: expert_ids and block_rows, written expert-parallel (step ``j``
@@ -142,26 +137,10 @@ def _offsets_and_blocks(
         offs_j = j0 + tl.arange(0, SENT_COLS)
         pad_mask = offs_j[None, :] < pad_len[:, None]
         tl.store(sorted_ids_ptr + pad_start[:, None] + offs_j[None, :], numel, mask=pad_mask)
-    if FOLD_M > 0:
-        # work list: an expert whose last block holds 1..FOLD_M pairs after at least one full
-        # block runs its last two blocks as one "fat" block; the other blocks first, then the
-        # fat ones (first block of the pair), counts in num_work
-        rem = real % BLOCK_M
-        fold = (valid & (nblk >= 2) & (rem > 0) & (rem <= FOLD_M)).to(tl.int32)
-        nnorm = nblk - 2 * fold
-        nstart = tl.cumsum(nnorm, 0) - nnorm
-        n_norm = tl.sum(nnorm, 0)
-        if prog == 0:
-            tl.store(num_work_ptr, n_norm)
-            tl.store(num_work_ptr + 1, tl.sum(fold, 0))
-            fstart = tl.cumsum(fold, 0) - fold
-            tl.store(work_ptr + n_norm + fstart, bstart + nblk - 2, mask=fold > 0)
     for j in range(prog, tl.max(nblk, 0), num_progs):
         has = valid & (j < nblk)
         tl.store(expert_ids_ptr + bstart + j, bins, mask=has)
         tl.store(block_rows_ptr + bstart + j, ustart + j * BLOCK_M, mask=has)
-        if FOLD_M > 0:
-            tl.store(work_ptr + nstart + j, bstart + j, mask=valid & (j < nnorm))
     for b0 in range(total + prog * BLOCK_CHUNK, max_blocks, num_progs * BLOCK_CHUNK):
         offs_b = b0 + tl.arange(0, BLOCK_CHUNK)
         tl.store(expert_ids_ptr + offs_b, -1, mask=offs_b < max_blocks)
@@ -240,8 +219,6 @@ def _align_fused_kernel(
     num_padded_ptr,  # [1] out
     block_rows_ptr,  # [max_blocks] out
     cursor_ptr,  # [NUM_BINS * SUB] scratch
-    work_ptr,  # [max_blocks] out (FOLD_M > 0): work list of blocks
-    num_work_ptr,  # [2] out (FOLD_M > 0): plain and fat blocks in it
     # sizes
     numel,
     num_experts,
@@ -255,7 +232,6 @@ def _align_fused_kernel(
     CHUNK: tl.constexpr,  # power of two >= numel
     BLOCK_CHUNK: tl.constexpr,
     STABLE: tl.constexpr = False,  # pairs keep their order inside an expert (SUB == 1)
-    FOLD_M: tl.constexpr = 0,  # > 0: also the work list with fat blocks (see moe_align)
 ):
     """Whole alignment in one program (numel <= CHUNK)."""
     # load the pairs and their keys; dropped or out-of-range pairs go to bin num_experts
@@ -269,8 +245,7 @@ def _align_fused_kernel(
     bstart = _offsets_and_blocks(
         counts, bins, 0, 1,
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
-        work_ptr, num_work_ptr, numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
-        FOLD_M,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
     )  # fmt: skip
     if SUB > 1:
         _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
@@ -327,8 +302,6 @@ def _align_offsets_kernel(
     num_padded_ptr,
     block_rows_ptr,
     cursor_ptr,  # [NUM_BINS * SUB] out: first row of each key
-    work_ptr,
-    num_work_ptr,
     # sizes
     numel,
     num_experts,
@@ -338,7 +311,6 @@ def _align_offsets_kernel(
     BLOCK_M: tl.constexpr,
     NUM_BINS: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
-    FOLD_M: tl.constexpr = 0,
 ):
     """Expert ids and block rows from the counts, steps shared by the programs; program 0
     also writes num_padded, the cursor and the sentinels."""
@@ -350,8 +322,7 @@ def _align_offsets_kernel(
     bstart = _offsets_and_blocks(
         counts, bins, prog, tl.num_programs(0),
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
-        work_ptr, num_work_ptr, numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
-        FOLD_M,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
     )  # fmt: skip
     if SUB > 1 and prog == 0:
         _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
@@ -404,7 +375,6 @@ def moe_align(
     *,
     adapter_order: tuple[torch.Tensor, torch.Tensor] | None = None,
     stable: bool = False,
-    fold_m: int = 0,
 ) -> AlignedRouting:
     """Group (token, slot) pairs by expert and pad each group to ``block_m`` (no host sync).
 
@@ -414,12 +384,7 @@ def moe_align(
     by adapter (none first, then slot 0, 1, ...), so a block of a busy expert holds few
     adapters. Blocks, padding and ``block_rows`` are the same either way. ``stable``: pairs
     keep their order inside each expert, so the alignment is the same on every run (no
-    adapter order; at most ``STABLE_MAX_BINS`` bins, see ``stable_supported``). ``fold_m``
-    (a power of two below ``block_m``, or 0): also a work list of blocks, ``work_blocks``
-    [max_blocks] and ``num_work`` [2] = (plain, fat): an expert whose last block holds 1 to
-    ``fold_m`` pairs after a full block has its last two blocks listed once, as a fat block
-    (the first of the two; its successor's first ``fold_m`` rows ride along), after every
-    plain block."""
+    adapter order; at most ``STABLE_MAX_BINS`` bins, see ``stable_supported``)."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"topk_ids must be a 2-D int32/int64 tensor [T, k], got shape "
@@ -444,11 +409,6 @@ def moe_align(
     expert_ids = take((max_blocks,), torch.int32)
     num_padded = take((1,), torch.int32)
     block_rows = take((max_blocks,), torch.int32)
-    if fold_m and (fold_m & (fold_m - 1) or not fold_m < block_m):
-        raise ValueError(f"fold_m must be a power of two below block_m={block_m}, got {fold_m}")
-    work = take((max_blocks,), torch.int32) if fold_m else num_padded
-    num_work = take((2,), torch.int32) if fold_m else num_padded
-    tables = (work, num_work) if fold_m else (None, None)
     num_bins = triton.next_power_of_2(num_experts + 1)
     sub = 1
     lmap = len_ = topk_ids  # placeholders when pairs are not ordered by adapter
@@ -460,20 +420,17 @@ def moe_align(
     slots = len_.numel() if sub > 1 else 0
     if numel == 0:
         num_padded.zero_()
-        num_work.zero_()
         expert_ids.fill_(-1)
-        return AlignedRouting(
-            sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks, *tables
-        )
+        return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
     keys = dict(TOP_K=topk_ids.shape[1], SUB=sub)
     if numel <= FUSED_MAX:
         cursor = take((num_bins * sub,), torch.int32)
         _align_fused_kernel[(1,)](
             topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor,
-            work, num_work, numel, num_experts, max_blocks, slots,
+            numel, num_experts, max_blocks, slots,
             BLOCK_M=block_m, NUM_BINS=num_bins,
             CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
-            STABLE=stable, FOLD_M=fold_m, **keys,
+            STABLE=stable, **keys,
         )  # fmt: skip
     else:
         scratch = take((2 * num_bins * sub,), torch.int32).zero_()
@@ -486,17 +443,15 @@ def moe_align(
             NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable, **keys,
         )  # fmt: skip
         _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
-            counts, sorted_ids, expert_ids, num_padded, block_rows, cursor, work, num_work,
+            counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
-            SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK, FOLD_M=fold_m,
+            SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
         )  # fmt: skip
         _align_scatter_kernel[grid](
             topk_ids, lmap, len_, sorted_ids, cursor, chunk_counts, numel, num_experts, slots,
             CHUNK=chunk, NUM_BINS=num_bins, STABLE=stable, **keys,
         )  # fmt: skip
-    return AlignedRouting(
-        sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks, *tables
-    )
+    return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
 
 
 @triton.jit

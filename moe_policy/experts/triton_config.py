@@ -74,11 +74,6 @@ class MoEConfig:
     -1.2/-1.2/+8.3%, with LoRA +3 to +27%), the heuristic where ``default_persistent`` says;
     decode batches and LoRA calls ignore it and run the entry's tiles one program per tile,
     with the default tail tiles (``default_tail_m``).
-
-    ``fold`` (with ``persistent``): an expert whose last block holds at most ``block_m / 2``
-    pairs after a full block runs the two as one fat tile (``block_m`` + ``block_m / 2`` rows
-    against one weight tile, half as wide), in a loop before the other tiles, where both
-    GEMMs' N tiles are all full width (``triton_moe.FOLD_SHORT_BLOCKS``).
     """
 
     block_m: int
@@ -88,11 +83,8 @@ class MoEConfig:
     pdl: bool = False
     trigger: bool | None = None
     persistent: bool = False
-    fold: bool = False
 
     def __post_init__(self) -> None:
-        if self.fold and not self.persistent:
-            raise ValueError("fold needs persistent GEMMs: set persistent to true")
         if self.persistent and self.tail_m:
             raise ValueError(
                 f"persistent GEMMs run no tail tiles: set tail_m to 0 (got {self.tail_m})"
@@ -105,7 +97,7 @@ class MoEConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form, as stored in tuned files (the optional keys only when set)."""
+        """JSON form, as stored in tuned files (``tail_m``, ``pdl``, ``trigger`` only when set)."""
         d: dict[str, Any] = {
             "block_m": self.block_m, "gemm1": asdict(self.gemm1), "gemm2": asdict(self.gemm2),
         }  # fmt: skip
@@ -117,15 +109,12 @@ class MoEConfig:
             d["trigger"] = self.trigger
         if self.persistent:
             d["persistent"] = True
-        if self.fold:
-            d["fold"] = True
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MoEConfig:
         """Inverse of :meth:`to_dict`; raises ValueError on unknown or missing keys."""
-        known = {"block_m", "gemm1", "gemm2", "tail_m", "pdl", "trigger", "persistent", "fold"}
-        unknown = set(d) - known
+        unknown = set(d) - {"block_m", "gemm1", "gemm2", "tail_m", "pdl", "trigger", "persistent"}
         if unknown:
             raise ValueError(f"bad MoE config {d!r}: unknown keys {sorted(unknown)}")
         try:
@@ -135,7 +124,6 @@ class MoEConfig:
                 tail_m=int(d.get("tail_m", 0)), pdl=_flag("pdl", d.get("pdl", False)),
                 trigger=None if trigger is None else _flag("trigger", trigger),
                 persistent=_flag("persistent", d.get("persistent", False)),
-                fold=_flag("fold", d.get("fold", False)),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
             raise ValueError(f"bad MoE config {d!r}: {exc}") from exc

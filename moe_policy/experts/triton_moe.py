@@ -126,11 +126,6 @@ PERSISTENT_NARROW_N = True
 #: (stream-K) where the partial tiles fit the memory budget and the alignment can be stable
 #: (at most 31 experts); False leaves the idle programs idle.
 STREAM_K_TAILS = True
-#: Persistent GEMMs fold an expert's short last block (at most BLOCK_M / 2 real rows) into the
-#: program of its previous block: one fat tile of BLOCK_M + BLOCK_M / 2 rows, half as wide,
-#: streams the weight tile once for both (``moe_align(fold_m=...)``); where the config asks
-#: (``MoEConfig.fold``) and no narrow N tile exists. False ignores the config.
-FOLD_SHORT_BLOCKS = True
 
 
 @triton.jit
@@ -190,13 +185,9 @@ def _tile_mainloop(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    pairs_f=None,  # FOLD_M > 0: the pairs of the fold rows (a fat block's second part)
-    row0_f=None,
-    FOLD_M: tl.constexpr = 0,
 ):
     """fp32 accumulators of one tile over K steps ``[kk_lo, kk_hi)``: ``[BLOCK_M, B_COLS]`` and,
-    in the two-dot gated form, the up rows' ``[BLOCK_M, BLOCK_N]`` (zeros otherwise); with
-    ``FOLD_M`` rows folded in, the same two for them, from the same B tiles (else 1 x 1)."""
+    in the two-dot gated form, the up rows' ``[BLOCK_M, BLOCK_N]`` (zeros otherwise)."""
     pair_mask = pairs < numel
     # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
     # this expert, [BLOCK_K, B_COLS]; gated one-dot tiles hold the interleaved gate/up rows of
@@ -224,20 +215,6 @@ def _tile_mainloop(
     # main loop, fp32 accumulation; the two-dot gated form adds a second dot for the up rows
     acc_b = tl.zeros((BLOCK_M, B_COLS), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FOLD_M > 0:
-        mask_f = pairs_f < numel
-        if A_SORTED:
-            rows_f = row0_f.to(tl.int64) + tl.arange(0, FOLD_M)
-        else:
-            rows_f = (pairs_f // A_ROW_DIV).to(tl.int64)
-        a_ptrs_f = (
-            a_ptr + rows_f[:, None] * stride_am + (kk_lo * BLOCK_K + offs_k)[None, :] * stride_ak
-        )
-        acc_fb = tl.zeros((FOLD_M, B_COLS), dtype=tl.float32)
-        acc_fu = tl.zeros((FOLD_M, BLOCK_N), dtype=tl.float32)
-    else:
-        acc_fb = tl.zeros((1, 1), dtype=tl.float32)
-        acc_fu = acc_fb
     a_ptrs += kk_lo * BLOCK_K * stride_ak
     b_ptrs += kk_lo * BLOCK_K * stride_bk
     for kk in range(kk_lo, kk_hi):
@@ -261,18 +238,9 @@ def _tile_mainloop(
             else:
                 b_u = tl.load(b_ptrs + stride_bn, mask=k_mask[:, None], other=0.0)
             acc_u = tl.dot(a, b_u, acc_u)
-        if FOLD_M > 0:
-            if EVEN_K:
-                a_f = tl.load(a_ptrs_f, mask=mask_f[:, None], other=0.0)
-            else:
-                a_f = tl.load(a_ptrs_f, mask=mask_f[:, None] & k_mask[None, :], other=0.0)
-            acc_fb = tl.dot(a_f, b, acc_fb)
-            if GATED and not ONE_DOT:
-                acc_fu = tl.dot(a_f, b_u, acc_fu)
-            a_ptrs_f += BLOCK_K * stride_ak
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    return acc_b, acc_u, acc_fb, acc_fu
+    return acc_b, acc_u
 
 
 @triton.jit
@@ -437,7 +405,7 @@ def _moe_tile(
             b_lo = 0.0
             b_hi = 0.0
 
-    acc_b, acc_u, _, _ = _tile_mainloop(
+    acc_b, acc_u = _tile_mainloop(
         pairs, expert, row0, n0, a_ptr, b_ptr, a_desc, b_desc, N, K, numel,
         stride_am, stride_ak, stride_be, stride_bn, stride_bk, 0, tl.cdiv(K, BLOCK_K),
         A_ROW_DIV, A_SORTED, A_TMA, B_TMA, GATED, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -478,7 +446,6 @@ def _moe_gemm_kernel(
     c_ptr,  # C: [numel or T, N] output: sorted rows (GEMM 1), pairs or tokens (GEMM 2)
     a_desc,  # TMA descriptor of A [rows, K], box [BLOCK_M, BLOCK_K] (A_TMA), else None
     b_desc,  # TMA descriptor of B viewed as [E*N_B, K], box [B_COLS, BLOCK_K] (B_TMA), else None
-    b_desc_f,  # FOLD_M > 0: the same with half the columns (fat tiles), or None
     bias_ptr,  # [E, N_B] (HAS_BIAS)
     topk_w_ptr,  # [numel] router weights
     topk_ids_ptr,  # [numel] experts (NAIVE mode)
@@ -486,8 +453,6 @@ def _moe_gemm_kernel(
     expert_ids_ptr,  # alignment: expert of each block
     num_padded_ptr,  # alignment: rows in use
     block_rows_ptr,  # alignment: first expert-sorted row of each block
-    work_ptr,  # FOLD_M > 0: alignment's work list, plain blocks then fat ones
-    num_work_ptr,  # FOLD_M > 0: [plain, fat] blocks in it
     lora_u_ptr,  # [U_SPLIT, S, numel, R] fp32 shrink output, split-K partials (HAS_LORA)
     lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
     lora_map_ptr,  # [T] int32 slot per token
@@ -563,8 +528,6 @@ def _moe_gemm_kernel(
     LORA_B_AHEAD: tl.constexpr,  # LoRA: B tiles of the block's lowest/highest slot before the loop
     PERSISTENT: tl.constexpr,  # aligned, no tail tiles: each program loops over tiles (flattened)
     STREAM_K: tl.constexpr,  # PERSISTENT: the last, partial round of tiles split along K
-    FOLD_M: tl.constexpr = 0,  # PERSISTENT: fat blocks of BLOCK_M + FOLD_M rows exist
-    FAT: tl.constexpr = False,  # FOLD_M > 0: this launch runs the fat blocks' tiles only
 ):
     """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block,
     a TAIL_N-wide one, with pointer loads, for the last N tile of a full block).
@@ -581,41 +544,14 @@ def _moe_gemm_kernel(
         gdc_launch_dependents()
     pid = tl.program_id(0)
     if PERSISTENT:
-        tl.static_assert(FOLD_M == 0 or TAIL_N == 0, "fat blocks need full-width N tiles")
         # persistent: program p of P walks tiles p, p + P, ... of the live blocks (grouped as
         # below); the tile loop and the K loop are flattened into one pipelined loop, so the
         # next tile's loads are in flight during this tile's epilogue
+        live_m = tl.load(num_padded_ptr) // BLOCK_M
         num_p = tl.num_programs(0)
         # with a narrow last N tile (TAIL_N), the full-width tiles first, then one narrow
         # tile per block in a second loop
         n_full = N // BLOCK_N if TAIL_N > 0 else tl.cdiv(N, BLOCK_N)
-        if FAT:
-            # fat blocks (a launch of their own: compiled into the plain blocks' kernel, this
-            # loop made its tile loop 27-31 % slower on the H200 even when it ran no tile):
-            # half-width tiles, two accumulators of BLOCK_M and FOLD_M rows
-            n_plain = tl.load(num_work_ptr)
-            n_fat = tl.load(num_work_ptr + 1)
-            BN_F: tl.constexpr = BLOCK_N // 2
-            for tile in tl.range(pid, n_fat * tl.cdiv(N, BN_F), num_p, flatten=True):
-                tile_f, tile_nf = _grouped_tile(tile, n_fat, N, BN_F, GROUP_M)
-                blk = tl.load(work_ptr + n_plain + tile_f)
-                pairs_p, expert_p, _, row0_p = block_pairs(
-                    blk, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
-                    topk_ids_ptr, numel, num_experts, BLOCK_M, False,
-                )  # fmt: skip
-                pairs_f = tl.load(sorted_ids_ptr + (blk + 1) * BLOCK_M + tl.arange(0, FOLD_M))
-                _fat_tile(
-                    pairs_p, pairs_f, expert_p, row0_p, tile_nf * BN_F,
-                    a_ptr, b_ptr, c_ptr, a_desc, b_desc_f, bias_ptr, topk_w_ptr, N, K, numel,
-                    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                    stride_bias_e, stride_bias_n,
-                    A_ROW_DIV, A_SORTED, A_TMA, b_desc_f is not None, C_SORTED, C_ROW_DIV,
-                    GATED, ACT, ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, ONE_DOT, EVEN_K,
-                    BLOCK_M, BN_F, BLOCK_K, FOLD_M,
-                )  # fmt: skip
-            return
-        # the live blocks: all of them, or (FOLD_M) the plain ones of the work list
-        live_m = tl.load(num_work_ptr) if FOLD_M > 0 else tl.load(num_padded_ptr) // BLOCK_M
         # stream-K: whole rounds of tiles one per program, then a last round of at most half
         # the programs' count split along K (a fuller one runs whole, in this loop)
         n_round = live_m * n_full
@@ -625,8 +561,6 @@ def _moe_gemm_kernel(
             n_round -= tl.where(split, rest, 0)
         for tile in tl.range(pid, n_round, num_p, flatten=True):
             tile_m, tile_n = _grouped_tile(tile, live_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
-            if FOLD_M > 0:
-                tile_m = tl.load(work_ptr + tile_m)
             pairs_p, expert_p, _, row0_p = block_pairs(
                 tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
                 topk_ids_ptr, numel, num_experts, BLOCK_M, False,
@@ -647,13 +581,12 @@ def _moe_gemm_kernel(
             _stream_k_tail(
                 pid, num_p, n_round, live_m * n_full - n_round, live_m, n_full,
                 a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr, topk_w_ptr, topk_ids_ptr,
-                sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, work_ptr,
+                sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
                 sk_ws_ptr, sk_cnt_ptr, N, K, numel, num_experts,
                 stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                 stride_bias_e, stride_bias_n,
                 A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT,
                 WEIGHT_POS, HAS_BIAS, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                FOLD_M > 0,
             )  # fmt: skip
         if TAIL_N > 0:
             # narrow tiles continue the round robin where the full ones stopped, so programs
@@ -756,40 +689,6 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _fat_tile(
-    pairs, pairs_f, expert, row0, n0,
-    a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr, topk_w_ptr, N, K, numel,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-    stride_bias_e, stride_bias_n,
-    A_ROW_DIV: tl.constexpr, A_SORTED: tl.constexpr, A_TMA: tl.constexpr, B_TMA: tl.constexpr,
-    C_SORTED: tl.constexpr, C_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
-    ALPHA: tl.constexpr, LIMIT: tl.constexpr, WEIGHT_POS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ONE_DOT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, FOLD_M: tl.constexpr,
-):  # fmt: skip
-    """A fat block's tile: its BLOCK_M rows and the next block's first FOLD_M rows (the
-    expert's short remainder) against the same B tiles, each part through the epilogue."""
-    acc_b, acc_u, acc_fb, acc_fu = _tile_mainloop(
-        pairs, expert, row0, n0, a_ptr, b_ptr, a_desc, b_desc, N, K, numel,
-        stride_am, stride_ak, stride_be, stride_bn, stride_bk, 0, tl.cdiv(K, BLOCK_K),
-        A_ROW_DIV, A_SORTED, A_TMA, B_TMA, GATED, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
-        pairs_f, row0 + BLOCK_M, FOLD_M,
-    )  # fmt: skip
-    _tile_epilogue(
-        acc_b, acc_u, pairs, expert, row0, n0, c_ptr, bias_ptr, topk_w_ptr, N, numel,
-        stride_cm, stride_cn, stride_bias_e, stride_bias_n,
-        C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, ONE_DOT,
-        BLOCK_M, BLOCK_N,
-    )  # fmt: skip
-    _tile_epilogue(
-        acc_fb, acc_fu, pairs_f, expert, row0 + BLOCK_M, n0, c_ptr, bias_ptr, topk_w_ptr, N,
-        numel, stride_cm, stride_cn, stride_bias_e, stride_bias_n,
-        C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, ONE_DOT,
-        FOLD_M, BLOCK_N,
-    )  # fmt: skip
-
-
-@triton.jit
 def _stream_k_tail(
     pid,
     num_p,
@@ -809,7 +708,6 @@ def _stream_k_tail(
     expert_ids_ptr,
     num_padded_ptr,
     block_rows_ptr,
-    work_ptr,  # WORK: the alignment's work list (tile rows index it)
     ws_ptr,  # [num_p, BLOCK_M, B_COLS] fp32
     cnt_ptr,  # [num_p] int32, zero on entry; left zero
     N,
@@ -843,7 +741,6 @@ def _stream_k_tail(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    WORK: tl.constexpr = False,
 ):
     """The last, partial round of tiles (fewer than programs), split along K into ``S`` equal
     parts, ``S = programs // tiles``: program ``s * tiles + j`` runs part ``s`` of tile ``j``,
@@ -862,13 +759,11 @@ def _stream_k_tail(
         lo = part * per
         hi = tl.minimum(lo + per, steps)
         tile_m, tile_n = _grouped_tile(first_tile + j, live_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
-        if WORK:
-            tile_m = tl.load(work_ptr + tile_m)
         pairs, expert, _, row0 = block_pairs(
             tile_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr,
             topk_ids_ptr, numel, num_experts, BLOCK_M, False,
         )  # fmt: skip
-        acc_b, acc_u, _, _ = _tile_mainloop(
+        acc_b, acc_u = _tile_mainloop(
             pairs, expert, row0, tile_n * BLOCK_N, a_ptr, b_ptr, a_desc, b_desc, N, K, numel,
             stride_am, stride_ak, stride_be, stride_bn, stride_bk, lo, hi,
             A_ROW_DIV, A_SORTED, A_TMA, B_TMA, GATED, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -1181,17 +1076,6 @@ def fused_moe_triton(
             sm_count(x.device), bm, max((2 if gated else 1) * g1.block_n, cfg.gemm2.block_n)
         )
         stream_k = 4 * sk_elems <= stream_k_headroom_bytes(numel, n1, h, x.element_size(), direct)
-    # fat blocks (FOLD_SHORT_BLOCKS): persistent GEMMs whose N tiles are all full width and
-    # at least 32 wide, so the half-width fat tiles keep 16 columns
-    g2 = cfg.gemm2
-    fold_m = (
-        bm // 2
-        if FOLD_SHORT_BLOCKS and persist and cfg.fold and bm >= 32
-        and min(g1.block_n, g2.block_n) >= 32
-        and _narrow_tail(i, g1.block_n) == 0 and _narrow_tail(h, g2.block_n) == 0
-        else 0
-    )  # fmt: skip
-    work_blocks = num_work = topk_ids  # placeholders without fat blocks
     if naive:
         num_blocks = numel
         sorted_ids = expert_ids = num_padded = block_rows = topk_ids  # unused placeholders
@@ -1203,10 +1087,7 @@ def fused_moe_triton(
         order = None
         if lora is not None and numel > e * bm:
             order = (lora.token_lora_mapping, lora.adapters.enabled)
-        routing = moe_align(
-            topk_ids, e, bm, alloc=work.take, adapter_order=order, stable=stream_k,
-            fold_m=fold_m,
-        )  # fmt: skip
+        routing = moe_align(topk_ids, e, bm, alloc=work.take, adapter_order=order, stable=stream_k)
         num_blocks = routing.max_blocks
         sorted_ids, expert_ids, num_padded, block_rows = (
             routing.sorted_ids,
@@ -1214,12 +1095,7 @@ def fused_moe_triton(
             routing.num_padded,
             routing.block_rows,
         )
-        if fold_m:
-            work_blocks, num_work = routing.work_blocks, routing.num_work
-    route = (
-        topk_weights, topk_ids, sorted_ids, expert_ids, num_padded, block_rows, work_blocks,
-        num_work,
-    )  # fmt: skip
+    route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded, block_rows)
     # LoRA B tiles before the main loop (LORA_B_AHEAD): one pair per block (decode), pairs
     # ordered by adapter (few slots per block), or 128-row tiles (a long loop to hide behind)
     b_ahead = LORA_B_AHEAD and lora is not None and (naive or numel > e * bm or bm >= 128)
@@ -1231,6 +1107,7 @@ def fused_moe_triton(
     # (split-K parts that fit no budget elsewhere), so the sum kernel stays: on the H200 the
     # fusion took 6% off Qwen3-30B-A3B at T=1, nothing elsewhere, and a smaller w2 shrink split
     # made LoRA 4-6% slower on Nemotron and Mixtral
+    g2 = cfg.gemm2
     fused_sum = (
         FUSED_DECODE_SUM and naive and not direct and lora is None
         and (h * out.element_size()) % 4 == 0
@@ -1273,9 +1150,6 @@ def fused_moe_triton(
     # GEMM 1 + activation -> act [numel, I], rows in expert-sorted order
     act_out = torch.empty(numel, i, dtype=x.dtype, device=x.device)
     b1_desc = _weight_descriptor(w13, (2 if one_dot1 else 1) * g1.block_n, g1)
-    b1_desc_f = (
-        _weight_descriptor(w13, (2 if one_dot1 else 1) * g1.block_n // 2, g1) if fold_m else None
-    )
     # a persistent entry run per tile (with LoRA, or the switch off) takes the default tail
     # tiles its persistent loop cannot run (H200, LoRA: -2 to -4% at Qwen3 T=4096/8192 and
     # Mixtral T=1024/4096, ab_lora_tiles_h200.txt)
@@ -1300,20 +1174,17 @@ def fused_moe_triton(
         num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, RANK_MASK=rank < block_r,
         TOP_K=k,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit), HAS_LORA=has_lora, TAIL_M=tail_m,
-        sum_args=sum_args, FOLD_M=fold_m,
+        sum_args=sum_args,
     )  # fmt: skip
-    # with fat blocks (fold_m), each GEMM is two launches: the plain blocks, then the fat ones
-    for fat in (False, True) if fold_m else (False,):
-        _launch_gemm(
-            x, w13, act_out, None, b1_desc, w13_bias, u13, lb13, g1,
-            b_desc_f=b1_desc_f if fat else None, FAT=fat,
-            A_ROW_DIV=k, A_SORTED=False, C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
-            WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
-            ONE_DOT=one_dot1, SUM_K=0, PERSISTENT=persist,
-            ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0,
-            PDL=pdl and (not naive or has_lora), PDL_LATE=pdl and has_lora, TRIGGER=trigger1,
-            LORA_B_AHEAD=b_ahead, **common,
-        )  # fmt: skip
+    _launch_gemm(
+        x, w13, act_out, None, b1_desc, w13_bias, u13, lb13, g1,
+        A_ROW_DIV=k, A_SORTED=False, C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
+        WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
+        ONE_DOT=one_dot1, SUM_K=0, PERSISTENT=persist,
+        ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0,
+        PDL=pdl and (not naive or has_lora), PDL_LATE=pdl and has_lora, TRIGGER=trigger1,
+        LORA_B_AHEAD=b_ahead, **common,
+    )  # fmt: skip
 
     # LoRA: shrink of the activation for w2
     if lora is not None:
@@ -1332,18 +1203,15 @@ def fused_moe_triton(
 
     # GEMM 2 + bias + router weight -> [numel, H] by pair, or the output directly when k == 1
     b2_desc = _weight_descriptor(w2, g2.block_n, g2)
-    b2_desc_f = _weight_descriptor(w2, g2.block_n // 2, g2) if fold_m else None
     a2_tma = b2_desc is not None and bm <= _TMA_MAX_BOX and _tma_usable(act_out)
     a2_desc = _descriptor(act_out, bm, g2) if a2_tma else None
-    for fat in (False, True) if fold_m else (False,):
-        _launch_gemm(
-            act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, g2,
-            b_desc_f=b2_desc_f if fat else None, FAT=fat,
-            A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
-            WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
-            ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, PDL=pdl, PERSISTENT=persist,
-            PDL_LATE=pdl and has_lora, TRIGGER=False, LORA_B_AHEAD=b_ahead, **common,
-        )  # fmt: skip
+    _launch_gemm(
+        act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, g2,
+        A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
+        WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
+        ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, PDL=pdl, PERSISTENT=persist,
+        PDL_LATE=pdl and has_lora, TRIGGER=False, LORA_B_AHEAD=b_ahead, **common,
+    )  # fmt: skip
     if direct or fused_sum:
         return out
 
@@ -1376,7 +1244,6 @@ def _launch_gemm(
     num_blocks: int,
     sum_args: tuple[Any, ...] | None,
     sk: tuple[torch.Tensor, torch.Tensor] | None,
-    b_desc_f: Any = None,
     **constexprs: Any,
 ) -> None:
     """One grouped GEMM: ``c = epilogue(a @ w[e]^T)`` over the aligned blocks (see the kernel)."""
@@ -1390,8 +1257,7 @@ def _launch_gemm(
     persist = constexprs["PERSISTENT"]
     grid = min(tiles, sm_count(a.device)) if persist else tiles
     _moe_gemm_kernel[(grid,)](
-        a, w, c, a_desc, b_desc, b_desc_f, bias if bias is not None else a, *route, u, lb, lmap,
-        len_,
+        a, w, c, a_desc, b_desc, bias if bias is not None else a, *route, u, lb, lmap, len_,
         sum_out, cnt, *(sk or (c, cnt)),
         n, k_dim, numel, num_experts, num_blocks, slots, rank, num_tokens, n_cnt,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
