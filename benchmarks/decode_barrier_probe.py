@@ -37,7 +37,6 @@ cannot hold across a loop; a Gluon kernel could. Not a backend.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -48,10 +47,7 @@ import triton
 import triton.language as tl
 
 from moe_policy.experts.base import sm_count
-from moe_policy.experts.triton_moe import _apply_act
-
-#: Router-weight positions, as in ``triton_moe`` (0 none, 1 on the input, 2 on the output).
-_WEIGHT_INPUT, _WEIGHT_OUTPUT = 1, 2
+from moe_policy.experts.triton_moe import _WEIGHT_OUTPUT, _apply_act
 
 
 @dataclass(frozen=True)
@@ -299,9 +295,7 @@ def fused_moe_decode(
     if split_phases is None:
         split_phases = x.device.type != "cuda"
     programs = sm_count(x.device) * cfg.programs_per_sm
-    if barrier is None:
-        barrier = _barrier(x.device) if not split_phases else topk_ids
-    bar = barrier
+    bar = barrier if barrier is not None else topk_ids if split_phases else _barrier(x.device)
     b13 = w13_bias if w13_bias is not None else x
     b2 = w2_bias if w2_bias is not None else x
     args = (
@@ -358,7 +352,7 @@ def main() -> None:
     """Time the shipped Triton layer against the one-kernel variants (GPU machine)."""
     sys.path.insert(0, os.path.dirname(__file__))
     import kernels as K
-    from _bench_util import SHAPES, duty_fraction, lower_bound_us, time_graphs_interleaved
+    from _bench_util import SHAPES, duty_fraction, time_against_shipped, write_json
 
     from moe_policy.experts.triton_moe import ACTIVATION_CODES
 
@@ -380,38 +374,18 @@ def main() -> None:
             case = K.make_case(shape, t, weights, None)
             wt = K._triton_backend(case).weights
             act = ACTIVATION_CODES[shape.activation]
-
             variants = {"shipped": K.build_triton(case)}
-            ref = [c() for c in variants["shipped"]]
             for v in args.variants:
-                fused = _calls(case, wt, act, VARIANTS[v])
-                outs, again = [c() for c in fused], [c() for c in fused]
-                err = max(
-                    ((o - r).abs().max() / r.abs().max()).item()
-                    for o, r in zip(outs, ref, strict=True)
-                )
-                same = all(torch.equal(a, b) for a, b in zip(outs, again, strict=True))
-                print(f"{name} T={t} {v}: max rel diff to shipped {err:.2e}, repeatable {same}")
-                variants[v] = fused
-                if args.phases:
-                    for ph in (1, 2):
-                        variants[f"{v}_phase{ph}"] = _calls(
-                            case, wt, act, replace(VARIANTS[v], prefetch=False),
-                            split_phases=True, phases=(ph,),
-                        )  # fmt: skip
-            times = time_graphs_interleaved(
-                variants, rounds=args.rounds, replays=20, duty=args.duty
-            )
-            bound = lower_bound_us(shape, t, 4.29, 781.0)
-            base = times["shipped"]["us"]
-            for v, r in sorted(times.items(), key=lambda kv: kv[1]["us"]):
-                us = r["us"]
-                print(f"  {name} T={t} {v:22s} {us:8.2f} us  x{us / bound:.3f} bound  "
-                      f"{us / base:.3f} of shipped")  # fmt: skip
-                rows.append(dict(shape=name, T=t, variant=v, us=us, ratio=us / bound))
+                variants[v] = _calls(case, wt, act, VARIANTS[v])
+                for ph in (1, 2) if args.phases else ():
+                    variants[f"{v}_phase{ph}"] = _calls(
+                        case, wt, act, replace(VARIANTS[v], prefetch=False),
+                        split_phases=True, phases=(ph,),
+                    )  # fmt: skip
+            rows += time_against_shipped(shape, t, variants, rounds=args.rounds,
+                                         duty=args.duty, checked=args.variants)  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode_barrier_probe.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json(os.path.join(args.out, "decode_barrier_probe.json"), {"rows": rows})
 
 
 if __name__ == "__main__":

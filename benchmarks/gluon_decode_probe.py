@@ -36,7 +36,6 @@ part of w2, stream the rest after the barrier -- a larger kernel than this probe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -239,13 +238,22 @@ def gluon_decode(
     return out
 
 
+def _calls(case: Any, wt: dict[str, Any], variant: str, **kw: Any) -> list[Any]:
+    """One ``gluon_decode`` call per routing set for a ``NUM_WARPS:BLOCK_N2[:DEPTH]`` variant."""
+    warps, bn2, depth = ([int(s) for s in variant.split(":")] + [2])[:3]
+
+    def run(tw: Any, ti: Any) -> Any:
+        return gluon_decode(case.x, wt["w13"], wt["w2"], tw, ti, block_n1=warps, block_n2=bn2,
+                            num_warps=warps, depth=depth, **kw)  # fmt: skip
+
+    return [lambda tw=tw, ti=ti: run(tw, ti) for tw, ti in case.routings]
+
+
 def main() -> None:
     """Time the shipped Triton layer against the Gluon one-kernel layer (GPU machine)."""
-    import torch
-
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import kernels as K
-    from _bench_util import SHAPES, duty_fraction, lower_bound_us, time_graphs_interleaved
+    from _bench_util import SHAPES, duty_fraction, time_against_shipped, write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
@@ -260,47 +268,14 @@ def main() -> None:
     case = K.make_case(shape, 1, K.make_weights(shape), None)
     wt = K._triton_backend(case).weights
     variants = {"shipped": K.build_triton(case)}
-    ref = [c() for c in variants["shipped"]]
     for v in args.variants:
-        warps, bn2, depth = ([int(s) for s in v.split(":")] + [2])[:3]
-
-        def run(tw: Any, ti: Any, warps: int = warps, bn2: int = bn2, depth: int = depth) -> Any:
-            return gluon_decode(case.x, wt["w13"], wt["w2"], tw, ti, block_n1=warps,
-                                block_n2=bn2, num_warps=warps, depth=depth)  # fmt: skip
-
-        calls = [lambda tw=tw, ti=ti, run=run: run(tw, ti) for tw, ti in case.routings]
-        outs, again = [c() for c in calls], [c() for c in calls]
-        torch.cuda.synchronize()
-        err = max(
-            ((o - r).abs().max() / r.abs().max()).item() for o, r in zip(outs, ref, strict=True)
-        )
-        same = all(torch.equal(a, b) for a, b in zip(outs, again, strict=True))
-        print(f"{args.shape} T=1 gluon {v}: max rel diff to shipped {err:.2e}, repeatable {same}")
-        variants[f"gluon_{v}"] = calls
+        variants[f"gluon_{v}"] = _calls(case, wt, v)
         for ph in (1, 2) if args.phases else ():
-
-            def run_ph(
-                tw: Any, ti: Any, warps: int = warps, bn2: int = bn2, depth: int = depth,
-                ph: int = ph,
-            ) -> Any:  # fmt: skip
-                return gluon_decode(case.x, wt["w13"], wt["w2"], tw, ti, block_n1=warps,
-                                    block_n2=bn2, num_warps=warps, depth=depth,
-                                    phases=(ph,))  # fmt: skip
-
-            variants[f"gluon_{v}_phase{ph}"] = [
-                lambda tw=tw, ti=ti, run_ph=run_ph: run_ph(tw, ti) for tw, ti in case.routings
-            ]
-    times = time_graphs_interleaved(variants, rounds=args.rounds, replays=20, duty=args.duty)
-    bound = lower_bound_us(shape, 1, 4.29, 781.0)
-    rows = []
-    for v, r in sorted(times.items(), key=lambda kv: kv[1]["us"]):
-        us = r["us"]
-        print(f"  {args.shape} T=1 {v:16s} {us:8.2f} us  x{us / bound:.3f} bound  "
-              f"{us / times['shipped']['us']:.3f} of shipped")  # fmt: skip
-        rows.append(dict(shape=args.shape, T=1, variant=v, us=us, ratio=us / bound))
+            variants[f"gluon_{v}_phase{ph}"] = _calls(case, wt, v, phases=(ph,))
+    rows = time_against_shipped(shape, 1, variants, rounds=args.rounds, duty=args.duty,
+                                checked=[f"gluon_{v}" for v in args.variants])  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gluon_decode_probe.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json(os.path.join(args.out, "gluon_decode_probe.json"), {"rows": rows})
 
 
 if __name__ == "__main__":
