@@ -462,3 +462,83 @@ def test_lora_with_dependent_launches_matches_reference(naive, device):
                            config=replace(TILES_16_TMA, pdl=True), lora=ctx, naive=naive)  # fmt: skip
     err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+#: Persistent GEMMs with LoRA on small tiles: off the GPU a "device" has 4 SMs.
+PERSISTENT_LORA_TILES = tc.MoEConfig(
+    32, tc.GemmConfig(16, 32, 2, 4, 2, tma=True), tc.GemmConfig(32, 16, 3, 4, 2, tma=True),
+    persistent=True,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("act", "gated", "mapping"),
+    [("silu", True, "round_robin"), ("relu2", False, "some_none")],
+    ids=["one-dot-gated", "nongated-some-none"],
+)
+def test_lora_persistent_gemms_equal_one_program_per_tile(act, gated, mapping, device,
+                                                          monkeypatch):  # fmt: skip
+    """LoRA calls run persistent GEMMs where the config asks (the expand unrolled over the
+    slots, so that the tile loop flattens): the same result as one program per tile (bit for
+    bit in fp32 off the GPU) and as the reference, with blocks holding up to all five slots
+    (one disabled, some tokens without an adapter, ranks padded)."""
+    from moe_policy.experts import triton_moe
+
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(4, 64, 48, 2, act, gated=gated)
+    wts = make_weights(cfg, dtype, device)
+    t = 2000 if ON_GPU else 70  # 140 pairs on 4 experts: ~35 per expert, over a block
+    x = make_x(t, cfg.hidden_size, dtype, device)
+    tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, device, seed=4)
+    ad = make_lora(cfg, num_slots=5, max_rank=16, ranks=[16, 8, 16, 4, 16], dtype=dtype,
+                   device=device, disabled=(2,))  # fmt: skip
+    ctx = lora_context(ad, lora_mapping(t, mapping, 5, device))
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+
+    def run(c):
+        return fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
+                                lora=ctx, config=c)  # fmt: skip
+
+    persistent = run(PERSISTENT_LORA_TILES)
+    per_tile = run(dataclasses.replace(PERSISTENT_LORA_TILES, persistent=False))
+    launched = [(kw["PERSISTENT"], kw["SLOT_UNROLL"], kw["LORA_B_AHEAD"]) for _, kw in gemms]
+    assert launched == [(True, 5, False)] * 2 + [(False, 0, True)] * 2
+    if ON_GPU:
+        assert rel_err(persistent, per_tile.double()) < 1e-3
+    else:
+        assert torch.equal(persistent, per_tile)
+    err = rel_err(persistent, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+def test_lora_persistent_needs_an_unrollable_expand(device, monkeypatch):
+    """More adapter slots than ``LORA_PERSISTENT_MAX_SLOTS``, the two-dot gated form or the
+    switch off: LoRA calls run one program per tile (a runtime slot loop in the expand would
+    keep the persistent tile loop from flattening)."""
+    from moe_policy.experts import triton_moe
+
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(4, 64, 48, 2, "silu")
+    wts = make_weights(cfg, dtype, device)
+    x = make_x(70, cfg.hidden_size, dtype, device)
+    tw, ti = make_routing(70, cfg.num_experts, cfg.top_k, device, seed=4)
+    conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
+    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    two_dot = dataclasses.replace(PERSISTENT_LORA_TILES, gemm1=tc.GemmConfig(16, 32, 2, 4, 2))
+
+    def persistent(slots, c=PERSISTENT_LORA_TILES):
+        ad = make_lora(cfg, num_slots=slots, max_rank=16, ranks=[16, 8], dtype=dtype,
+                       device=device)  # fmt: skip
+        ctx = lora_context(ad, lora_mapping(70, "round_robin", 2, device))
+        out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, lora=ctx, config=c)
+        assert rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx))) < REL_TOL[dtype]
+        launched = [kw["PERSISTENT"] for _, kw in gemms]
+        gemms.clear()
+        return launched
+
+    assert persistent(triton_moe.LORA_PERSISTENT_MAX_SLOTS) == [True, True]
+    assert persistent(triton_moe.LORA_PERSISTENT_MAX_SLOTS + 1) == [False, False]
+    assert persistent(2, two_dot) == [False, False]
+    monkeypatch.setattr(triton_moe, "LORA_PERSISTENT", False)
+    assert persistent(2) == [False, False]
