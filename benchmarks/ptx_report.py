@@ -60,8 +60,7 @@ def gemm_constexprs(
         NAIVE=naive, ONE_DOT=one_dot, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, BLOCK_R=16, U_SPLIT=1, RANK_MASK=False, GROUP_M=1 if block_m <= 32 else 8,
         TAIL_M=tail_m, SUM_K=0, ZERO_CNT=0, PDL=False, PDL_LATE=False, TAIL_N=0, TRIGGER=False,
-        LORA_B_AHEAD=lora and not persistent, SLOT_UNROLL=4 if (lora and persistent) else 0, PERSISTENT=persistent,
-        STREAM_K=stream_k,
+        LORA_B_AHEAD=lora, PERSISTENT=persistent, STREAM_K=stream_k,
     )  # fmt: skip
 
 

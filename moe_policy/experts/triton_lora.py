@@ -134,17 +134,6 @@ def _slot_dot(acc, u, slot, sid, b, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _slot_dot_load(acc, u, slot, sid, end, b_ptrs, b_mask, stride_lbl, DTYPE: tl.constexpr):
-    """``acc + u @ B[sid]`` over the rows of slot ``sid`` (B loaded here), when ``sid < end``
-    and the block has some."""
-    sel = slot == sid
-    if tl.sum(sel.to(tl.int32), 0) > 0 and sid < end:
-        b_s = tl.load(b_ptrs + sid * stride_lbl, mask=b_mask, other=0.0).to(DTYPE)
-        acc = tl.dot(tl.where(sel[:, None], u, 0.0).to(DTYPE), b_s, acc)
-    return acc
-
-
-@triton.jit
 def lora_expand_loop(
     acc,
     slot,
@@ -180,7 +169,6 @@ def lora_expand_loop(
     DTYPE: tl.constexpr,  # compute dtype of the dot
     RANK_MASK: tl.constexpr,  # rank < BLOCK_R: mask the padding ranks
     B_AHEAD: tl.constexpr,  # the lowest and highest slots' B tiles come in b_lo / b_hi
-    SLOT_UNROLL: tl.constexpr,  # > 0: that many dots from the block's lowest slot, no loop
 ):
     """``acc + u @ B[slot, expert]^T`` for rows with an adapter: one small dot per slot present.
 
@@ -204,12 +192,6 @@ def lora_expand_loop(
     u = tl.load(u_ptrs, mask=u_mask, other=0.0)
     for sp in tl.static_range(1, U_SPLIT):
         u += tl.load(u_ptrs + sp * stride_uk, mask=u_mask, other=0.0)
-    if SLOT_UNROLL > 0:  # no loop (a persistent tile loop stays flattenable), B loaded here
-        s_lo = tl.min(tl.where(slot >= 0, slot, num_slots), 0)
-        s_end = tl.max(slot, 0) + 1
-        for j in tl.static_range(SLOT_UNROLL):
-            acc = _slot_dot_load(acc, u, slot, s_lo + j, s_end, b_ptrs, b_mask, stride_lbl, DTYPE)
-        return acc
     if B_AHEAD:  # blocks ordered by adapter hold one or two slots: both tiles are here
         acc = _slot_dot(acc, u, slot, s_lo, b_lo, DTYPE)
         if s_hi > s_lo:
@@ -220,7 +202,10 @@ def lora_expand_loop(
         first = 0
         last = num_slots
     for sid in range(first, last):  # slots in between: B loaded here, when present
-        acc = _slot_dot_load(acc, u, slot, sid, last, b_ptrs, b_mask, stride_lbl, DTYPE)
+        sel = slot == sid
+        if tl.sum(sel.to(tl.int32), 0) > 0:
+            b_s = tl.load(b_ptrs + sid * stride_lbl, mask=b_mask, other=0.0).to(DTYPE)
+            acc = tl.dot(tl.where(sel[:, None], u, 0.0).to(DTYPE), b_s, acc)
     return acc
 
 

@@ -126,11 +126,6 @@ PERSISTENT_NARROW_N = True
 #: (stream-K) where the partial tiles fit the memory budget and the alignment can be stable
 #: (at most 31 experts); False leaves the idle programs idle.
 STREAM_K_TAILS = True
-#: LoRA calls run persistent GEMMs too where the config asks, the expand unrolled over the adapter
-#: slots (at most this many: more keep the per-tile kernels) so that the tile loop still
-#: flattens with the K loop; False: LoRA calls never persist.
-LORA_PERSISTENT = True
-LORA_PERSISTENT_MAX_SLOTS = 8
 
 
 @triton.jit
@@ -382,7 +377,6 @@ def _moe_tile(
     RANK_MASK: tl.constexpr,
     WAIT_LORA: tl.constexpr,  # dependent launch: wait for the shrink output only here
     LORA_B_AHEAD: tl.constexpr,  # LoRA B tiles of the block's lowest/highest slot before the loop
-    SLOT_UNROLL: tl.constexpr,  # LoRA: > 0 expands slots in that many dots, no loop
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
     pair_mask = pairs < numel
@@ -427,7 +421,6 @@ def _moe_tile(
             num_slots, lora_rank, stride_uk, stride_us, stride_um, stride_ur,
             stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr, s_lo, s_hi, b_lo, b_hi,
             BLOCK_R, 2 if (GATED and ONE_DOT) else 1, U_SPLIT, dt, RANK_MASK, LORA_B_AHEAD,
-            SLOT_UNROLL,
         )  # fmt: skip
         if GATED and not ONE_DOT:  # (the tiles ahead are the gate slice's: not used here)
             acc_u = lora_expand_loop(
@@ -435,7 +428,7 @@ def _moe_tile(
                 lora_b_ptr + stride_lbs, num_slots, lora_rank,
                 stride_uk, stride_us, stride_um, stride_ur,
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr, s_lo, s_hi, b_lo, b_hi,
-                BLOCK_R, 1, U_SPLIT, dt, RANK_MASK, False, 0,
+                BLOCK_R, 1, U_SPLIT, dt, RANK_MASK, False,
             )  # fmt: skip
     _tile_epilogue(
         acc_b, acc_u, pairs, expert, row0, n0, c_ptr, bias_ptr, topk_w_ptr, N, numel,
@@ -533,7 +526,6 @@ def _moe_gemm_kernel(
     TAIL_N: tl.constexpr,  # 0, or: the last N tile (at most half full) runs TAIL_N wide
     TRIGGER: tl.constexpr,  # let the next kernel (a dependent launch) start once all have begun
     LORA_B_AHEAD: tl.constexpr,  # LoRA: B tiles of the block's lowest/highest slot before the loop
-    SLOT_UNROLL: tl.constexpr,  # LoRA: > 0 expands slots in that many dots, no loop
     PERSISTENT: tl.constexpr,  # aligned, no tail tiles: each program loops over tiles (flattened)
     STREAM_K: tl.constexpr,  # PERSISTENT: the last, partial round of tiles split along K
 ):
@@ -584,7 +576,6 @@ def _moe_gemm_kernel(
                 A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                 BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
-                SLOT_UNROLL,
             )  # fmt: skip
         if STREAM_K:
             _stream_k_tail(
@@ -617,7 +608,6 @@ def _moe_gemm_kernel(
                     A_ROW_DIV, A_SORTED, A_TMA, False, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT,
                     ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                     BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
-                SLOT_UNROLL,
                 )  # fmt: skip
         return
     if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
@@ -658,7 +648,6 @@ def _moe_gemm_kernel(
                 A_ROW_DIV, A_SORTED, False, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                 TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
-                SLOT_UNROLL,
             )  # fmt: skip
             return
     if TAIL_N > 0:  # noqa: SIM102 (constexpr test: the narrow tile is compiled only when on)
@@ -674,7 +663,6 @@ def _moe_gemm_kernel(
                 A_ROW_DIV, A_SORTED, A_TMA, False, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                 BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
-                SLOT_UNROLL,
             )  # fmt: skip
             if SUM_K > 0:
                 _sum_when_last(
@@ -692,7 +680,6 @@ def _moe_gemm_kernel(
         A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
         LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
         BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
-                SLOT_UNROLL,
     )  # fmt: skip
     if SUM_K > 0:
         _sum_when_last(
@@ -1073,32 +1060,17 @@ def fused_moe_triton(
     bm = cfg.block_m
     if naive is None:
         naive = is_decode_batch(t, k, e)
-    g1 = cfg.gemm1
-    one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
     # persistent GEMMs (config.persistent: one program per SM walks the tiles) for aligned
-    # batches; with LoRA only where the expand can be unrolled (LORA_PERSISTENT): a loop in it
-    # keeps the tile loop from being flattened (H200 3-27% slower)
-    lora_flat = lora is None or (
-        LORA_PERSISTENT and (one_dot1 or not gated)
-        and lora.adapters.num_slots <= LORA_PERSISTENT_MAX_SLOTS
-    )  # fmt: skip
-    persist = PERSISTENT_GEMMS and cfg.persistent and not naive and lora_flat
-    slot_unroll = lora.adapters.num_slots if persist and lora is not None else 0
-    # LoRA B tiles before the main loop (LORA_B_AHEAD): one pair per block (decode), pairs
-    # ordered by adapter (few slots per block), or 128-row tiles (a long loop to hide behind);
-    # not in a persistent loop, where they would stay live (and staged) through the K loop
-    b_ahead = (
-        LORA_B_AHEAD and lora is not None and not persist
-        and (naive or numel > e * bm or bm >= 128)
-    )  # fmt: skip
+    # batches without LoRA (with LoRA the expand's loop keeps the tile loop from being
+    # flattened: H200 3-27% slower)
+    persist = PERSISTENT_GEMMS and cfg.persistent and not naive and lora is None
     # stream-K tails of persistent GEMMs: partial tiles for one program per SM, where they fit
     # the memory the two activation buffers leave of issue 4's budget, with a stable alignment
-    # (a pair's sums must not depend on which block the atomics put it in), not in the
-    # two-dot gated form (its up rows would need a second partial) and not with LoRA
-    stream_k = (
-        persist and STREAM_K_TAILS and lora is None and (one_dot1 or not gated)
-        and stable_supported(e)
-    )  # fmt: skip
+    # (a pair's sums must not depend on which block the atomics put it in) and not in the
+    # two-dot gated form (its up rows would need a second partial)
+    g1 = cfg.gemm1
+    one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
+    stream_k = persist and STREAM_K_TAILS and (one_dot1 or not gated) and stable_supported(e)
     if stream_k:  # (decode never gets here: no device query on its path)
         sk_elems = stream_k_workspace_elems(
             sm_count(x.device), bm, max((2 if gated else 1) * g1.block_n, cfg.gemm2.block_n)
@@ -1124,6 +1096,9 @@ def fused_moe_triton(
             routing.block_rows,
         )
     route = (topk_weights, topk_ids, sorted_ids, expert_ids, num_padded, block_rows)
+    # LoRA B tiles before the main loop (LORA_B_AHEAD): one pair per block (decode), pairs
+    # ordered by adapter (few slots per block), or 128-row tiles (a long loop to hide behind)
+    b_ahead = LORA_B_AHEAD and lora is not None and (naive or numel > e * bm or bm >= 128)
     # programmatic dependent launches (config.pdl): every kernel after the call's first
     pdl = (cfg.pdl or (LORA_PDL and lora is not None)) and _pdl_usable(x)
 
@@ -1197,7 +1172,7 @@ def fused_moe_triton(
     common = dict(
         route=route, lora_args=(lmap, len_, slots, rank), numel=numel, num_experts=e, sk=sk,
         num_blocks=num_blocks, NAIVE=naive, BLOCK_M=bm, BLOCK_R=block_r, RANK_MASK=rank < block_r,
-        TOP_K=k, SLOT_UNROLL=slot_unroll,
+        TOP_K=k,
         ALPHA=float(swiglu_alpha), LIMIT=float(swiglu_limit), HAS_LORA=has_lora, TAIL_M=tail_m,
         sum_args=sum_args,
     )  # fmt: skip
