@@ -60,7 +60,7 @@ def gemm_constexprs(
         NAIVE=naive, ONE_DOT=one_dot, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, BLOCK_R=16, U_SPLIT=1, RANK_MASK=False, GROUP_M=1 if block_m <= 32 else 8,
         TAIL_M=tail_m, SUM_K=0, ZERO_CNT=0, PDL=False, PDL_LATE=False, TAIL_N=0, TRIGGER=False,
-        LORA_B_AHEAD=lora, PERSISTENT=persistent, STREAM_K=stream_k, LORA_KEXT=0,
+        LORA_B_AHEAD=lora, PERSISTENT=persistent, STREAM_K=stream_k,
     )  # fmt: skip
 
 
@@ -111,11 +111,6 @@ def compile_gemm(
             types[desc] = f"tensordesc<{dtype}[{rows}, {const['BLOCK_K']}]>"
         else:
             const[desc] = None
-    kext = const.get("LORA_KEXT", 0)
-    if kext and const["B_TMA"]:
-        types["lora_b_desc"] = f"tensordesc<{dtype}[{b_cols}, {kext}]>"
-    else:
-        const["lora_b_desc"] = None
     return _compile(_moe_gemm_kernel, const, types, num_warps=num_warps,
                     num_stages=num_stages, arch=arch, dtype=dtype)  # fmt: skip
 

@@ -32,8 +32,6 @@ from moe_policy.experts.base import pdl_launch
 from moe_policy.experts.triton_config import SMEM_LIMIT
 from moe_policy.experts.workspace import Alloc, fresh
 
-#: PROTOTYPE: an expanded shrink output of one part is stored in the activations' dtype.
-EXPANDED_IN_DTYPE = False
 #: Largest supported max rank.
 MAX_RANK = 128
 
@@ -287,15 +285,8 @@ def _lora_shrink_kernel(
     RANK_MASK: tl.constexpr,  # rank < BLOCK_R: padding ranks are not stored
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait before the first read
     TRIGGER: tl.constexpr,  # then let the next kernel (a GEMM waiting late) launch at once
-    EXPANDED: tl.constexpr,  # u rows in expert-sorted order, slot-expanded columns (see below)
 ):
-    """u[s, pair] = a[row] @ A[s, slot, expert]^T for the block's rows whose slot is in the chunk.
-
-    ``EXPANDED``: u is ``[parts, rows, S * W]`` with a row per pair in the alignment's unpadded
-    expert-sorted order and, per slice, ``W`` slot-expanded columns (column ``c`` = slot
-    ``c // BLOCK_R``, rank ``c % BLOCK_R``), zero outside the row's own slot: the K operand of
-    one extra dot in the GEMM (``stride_us`` = W, ``stride_um`` = S * W). Every real row is
-    written, zero when it has no adapter."""
+    """u[s, pair] = a[row] @ A[s, slot, expert]^T for the block's rows whose slot is in the chunk."""
     if PDL:
         gdc_wait()
     if TRIGGER:
@@ -313,7 +304,7 @@ def _lora_shrink_kernel(
     pair_mask = pairs < numel
     slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, num_slots, TOP_K)
     rows = pair_mask & (slot >= c0 // BLOCK_R) & (slot < (c0 + LR_BLOCK) // BLOCK_R)
-    if not EXPANDED and tl.sum(rows.to(tl.int32), 0) == 0:
+    if tl.sum(rows.to(tl.int32), 0) == 0:
         return
     # slot-expanded columns: (slot c // BLOCK_R, rank index c % BLOCK_R), used ones only
     cols = c0 + tl.arange(0, LR_BLOCK)
@@ -347,13 +338,6 @@ def _lora_shrink_kernel(
         la_ptrs += BLOCK_K * stride_lak
     # each row keeps the columns of its own slot (this split-K part's partial sum), gathered
     # into BLOCK_R columns so that the store is one row-masked vector store per row
-    if EXPANDED:  # every real row, its own slot's columns (zero elsewhere and without one)
-        e_ptrs = u_ptr + part * stride_uk + (row0.to(tl.int64) + tl.arange(0, BLOCK_M))[:, None] * stride_um
-        e_ptrs += cols[None, :] * stride_ur
-        tl.store(e_ptrs, tl.where(hit, acc0, 0.0), mask=pair_mask[:, None])
-        if NUM_SLICES == 2:
-            tl.store(e_ptrs + stride_us, tl.where(hit, acc1, 0.0), mask=pair_mask[:, None])
-        return
     offs_r = tl.arange(0, BLOCK_R)
     u_ptrs = u_ptr + part * stride_uk + pairs.to(tl.int64)[:, None] * stride_um
     u_ptrs += offs_r[None, :] * stride_ur
@@ -387,7 +371,6 @@ def lora_shrink(
     pdl: bool = False,
     trigger: bool = False,
     smem_limit: int = SMEM_LIMIT,
-    expanded: bool = False,
 ) -> torch.Tensor:
     """Shrink ``a`` by ``lora_a`` ([S, L, E, R, K]); returns u [split_k, S, numel, R] fp32.
 
@@ -414,14 +397,7 @@ def lora_shrink(
     steps = triton.cdiv(k_dim, block_k)
     k_steps = triton.cdiv(steps, max(1, min(split_k, steps)))
     parts = triton.cdiv(steps, k_steps)
-    if expanded:  # [parts, rows, S * W] viewed as [parts, S, rows, W] for the strides below
-        width = chunks * lr_block
-        flat = (alloc or fresh(a.device))(
-            (parts, numel, s * width), a.dtype if parts == 1 and EXPANDED_IN_DTYPE else torch.float32
-        )
-        u = flat.view(parts, numel, s, width).permute(0, 2, 1, 3)
-    else:
-        u = (alloc or fresh(a.device))((parts, s, numel, rank), torch.float32)
+    u = (alloc or fresh(a.device))((parts, s, numel, rank), torch.float32)
     if numel == 0 or slots == 0:
         return u
     _lora_shrink_kernel[(num_blocks, chunks, parts)](
@@ -433,41 +409,7 @@ def lora_shrink(
         u.stride(0), u.stride(1), u.stride(2), u.stride(3),
         A_ROW_DIV=a_row_div, A_SORTED=a_sorted, TOP_K=top_k, NUM_SLICES=s, NAIVE=naive,
         BLOCK_M=block_m, BLOCK_R=block_r, LR_BLOCK=lr_block, BLOCK_K=block_k, K_STEPS=k_steps,
-        RANK_MASK=rank < block_r, PDL=pdl, TRIGGER=trigger, EXPANDED=expanded,
+        RANK_MASK=rank < block_r, PDL=pdl, TRIGGER=trigger,
         num_warps=4 if block_m <= 64 else 8, num_stages=stages, **pdl_launch(pdl),
     )  # fmt: skip
     return u
-
-
-def expanded_width(rank: int, num_slots: int) -> int:
-    """Slot-expanded columns per slice of an ``expanded`` shrink output (``W``)."""
-    _, lr_block, chunks = lora_block_sizes(rank, num_slots)
-    return chunks * lr_block
-
-
-_EXPANDED_B: dict[tuple[int, int, int, bool], torch.Tensor] = {}
-
-
-def expanded_b(lora_b: torch.Tensor, interleave: bool) -> torch.Tensor:
-    """B ``[S, L, E, N, R]`` as ``[E, S * N, S * W]`` (PROTOTYPE: cached per tensor version):
-    row ``n`` (``2n + s`` when ``interleave``: gated one-dot rows) holds slice ``s``'s
-    ``B[s, l, e, n, r]`` at column ``s * W + l * BLOCK_R + r`` and zeros elsewhere."""
-    key = (lora_b.data_ptr(), lora_b._version, tuple(lora_b.shape), interleave)
-    hit = _EXPANDED_B.get(key)
-    if hit is not None:
-        return hit
-    s, slots, e, n, rank = lora_b.shape
-    block_r = max(16, triton.next_power_of_2(rank))
-    width = expanded_width(rank, slots)
-    out = torch.zeros(e, n, s, s, width, dtype=lora_b.dtype, device=lora_b.device)
-    for sl in range(s):
-        blk = torch.zeros(e, n, slots, block_r, dtype=lora_b.dtype, device=lora_b.device)
-        blk[..., :rank] = lora_b[sl].permute(1, 2, 0, 3)
-        out[:, :, sl, sl, : slots * block_r] = blk.reshape(e, n, slots * block_r)
-    if not interleave:  # rows slice-major: [E, S, N, S * W]
-        out = out.permute(0, 2, 1, 3, 4)
-    out = out.reshape(e, s * n, s * width).contiguous()
-    if len(_EXPANDED_B) > 8:
-        _EXPANDED_B.clear()
-    _EXPANDED_B[key] = out
-    return out

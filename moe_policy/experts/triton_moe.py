@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from moe_policy.experts.align import block_pairs, max_blocks_for, moe_align, stable_supported
+from moe_policy.experts.align import block_pairs, moe_align, stable_supported
 from moe_policy.experts.base import (
     ExpertsConfig,
     FusedMoEExperts,
@@ -87,8 +87,6 @@ from moe_policy.experts.triton_config import (
 )
 from moe_policy.experts.triton_lora import (
     MAX_RANK,
-    expanded_b,
-    expanded_width,
     lora_b_ahead,
     lora_block_sizes,
     lora_expand_loop,
@@ -128,11 +126,6 @@ PERSISTENT_NARROW_N = True
 #: (stream-K) where the partial tiles fit the memory budget and the alignment can be stable
 #: (at most 31 experts); False leaves the idle programs idle.
 STREAM_K_TAILS = True
-#: PROTOTYPE: LoRA on aligned batches as one more K step of each GEMM (expanded u and B).
-LORA_KEXT = True
-LORA_KEXT_MAX = 256
-LORA_KEXT_PERSIST = True
-LORA_KEXT_ORDER = True
 
 
 @triton.jit
@@ -317,51 +310,6 @@ def _tile_epilogue(
 
 
 @triton.jit
-def _lora_k_step(
-    acc_b,
-    expert,
-    row0,
-    n0,
-    u_ptr,  # [U_SPLIT, rows, KEXT] fp32 expanded shrink output, expert-sorted rows
-    lb_ptr,  # [E, N_B, KEXT] expanded B
-    lb_desc,  # its TMA descriptor, box [B_COLS, KEXT] (B_TMA)
-    N,
-    numel,
-    stride_uk,
-    stride_um,
-    stride_lbe,
-    stride_lbn,
-    B_TMA: tl.constexpr,
-    GATED: tl.constexpr,
-    ONE_DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    U_SPLIT: tl.constexpr,
-    KEXT: tl.constexpr,
-):
-    """The LoRA delta as one more K step: ``acc + u_rows @ B'[expert]^T`` (u zero outside
-    each row's own slot, B' zero across slices: no per-slot logic)."""
-    offs_l = tl.arange(0, KEXT)
-    rows = row0.to(tl.int64) + tl.arange(0, BLOCK_M)
-    u_ptrs = u_ptr + rows[:, None] * stride_um + offs_l[None, :]
-    u_mask = (rows < numel)[:, None]
-    u = tl.load(u_ptrs, mask=u_mask, other=0.0)
-    for sp in tl.static_range(1, U_SPLIT):
-        u += tl.load(u_ptrs + sp * stride_uk, mask=u_mask, other=0.0)
-    B_COLS: tl.constexpr = 2 * BLOCK_N if (GATED and ONE_DOT) else BLOCK_N
-    if B_TMA:
-        b = lb_desc.load([expert * (2 * N if GATED else N) + n0 * (B_COLS // BLOCK_N), 0]).T
-    else:
-        if GATED:
-            rows_b = (2 * n0 + tl.arange(0, B_COLS)) % (2 * N)
-        else:
-            rows_b = (n0 + tl.arange(0, BLOCK_N)) % N
-        b_ptrs = lb_ptr + expert.to(tl.int64) * stride_lbe + rows_b[None, :] * stride_lbn
-        b = tl.load(b_ptrs + offs_l[:, None])
-    return tl.dot(u.to(b.dtype), b, acc_b)
-
-
-@triton.jit
 def _moe_tile(
     pairs,  # [BLOCK_M] pair of each row, numel = padding
     expert,
@@ -379,7 +327,6 @@ def _moe_tile(
     lora_b_ptr,
     lora_map_ptr,
     lora_enabled_ptr,
-    lora_b_desc,
     # sizes
     N,
     K,
@@ -430,14 +377,13 @@ def _moe_tile(
     RANK_MASK: tl.constexpr,
     WAIT_LORA: tl.constexpr,  # dependent launch: wait for the shrink output only here
     LORA_B_AHEAD: tl.constexpr,  # LoRA B tiles of the block's lowest/highest slot before the loop
-    LORA_KEXT: tl.constexpr,  # > 0: LoRA as one more K step of this width (expanded u and B)
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's GEMM with the fused epilogue."""
     pair_mask = pairs < numel
 
     # LoRA: slot of each row and, per accumulator column, its output column and slice (a
     # one-dot gated tile interleaves gate and up)
-    if HAS_LORA and LORA_KEXT == 0:
+    if HAS_LORA:
         slot = lora_slots(pairs, pair_mask, lora_map_ptr, lora_enabled_ptr, num_slots, TOP_K)
         if GATED and ONE_DOT:
             cols_lb = tl.arange(0, 2 * BLOCK_N)
@@ -469,13 +415,7 @@ def _moe_tile(
     # one-dot tile's gate/up split)
     if WAIT_LORA:
         gdc_wait()
-    if HAS_LORA and LORA_KEXT > 0:
-        acc_b = _lora_k_step(
-            acc_b, expert, row0, n0, lora_u_ptr, lora_b_ptr, lora_b_desc, N, numel,
-            stride_uk, stride_um, stride_lbe, stride_lbn, B_TMA, GATED, ONE_DOT, BLOCK_M,
-            BLOCK_N, U_SPLIT, LORA_KEXT,
-        )  # fmt: skip
-    elif HAS_LORA:
+    if HAS_LORA:
         acc_b = lora_expand_loop(
             acc_b, slot, pairs, n_lb, slice_lb, expert, lora_u_ptr, lora_b_ptr,
             num_slots, lora_rank, stride_uk, stride_us, stride_um, stride_ur,
@@ -517,7 +457,6 @@ def _moe_gemm_kernel(
     lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
     lora_map_ptr,  # [T] int32 slot per token
     lora_enabled_ptr,  # [L] int32
-    lora_b_desc,  # LORA_KEXT: TMA descriptor of the expanded B [E*N_B, KEXT] (B_TMA), else None
     sum_ptr,  # [T, N] layer output, unit stride along N (SUM_K: the fused top-k sum)
     cnt_ptr,  # the output's bytes as int32: one arrival counter per (token, N tile)
     sk_ws_ptr,  # STREAM_K: [programs, BLOCK_M, B_COLS] fp32 partial tiles
@@ -589,7 +528,6 @@ def _moe_gemm_kernel(
     LORA_B_AHEAD: tl.constexpr,  # LoRA: B tiles of the block's lowest/highest slot before the loop
     PERSISTENT: tl.constexpr,  # aligned, no tail tiles: each program loops over tiles (flattened)
     STREAM_K: tl.constexpr,  # PERSISTENT: the last, partial round of tiles split along K
-    LORA_KEXT: tl.constexpr,  # LoRA as one more K step of this width (0: the per-slot expand)
 ):
     """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block,
     a TAIL_N-wide one, with pointer loads, for the last N tile of a full block).
@@ -630,14 +568,14 @@ def _moe_gemm_kernel(
             _moe_tile(
                 pairs_p, expert_p, row0_p, tile_n * BLOCK_N,
                 a_ptr, b_ptr, c_ptr, a_desc, b_desc,
-                bias_ptr, topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr, lora_b_desc,
+                bias_ptr, topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
                 N, K, numel, num_slots, lora_rank,
                 stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                 stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
                 A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-                BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD, LORA_KEXT,
+                BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
         if STREAM_K:
             _stream_k_tail(
@@ -662,14 +600,14 @@ def _moe_gemm_kernel(
                 _moe_tile(
                     pairs_p, expert_p, row0_p, n_full * BLOCK_N,
                     a_ptr, b_ptr, c_ptr, a_desc, b_desc,
-                    bias_ptr, topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr, lora_b_desc,
+                    bias_ptr, topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
                     N, K, numel, num_slots, lora_rank,
                     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                     stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
                     stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
                     A_ROW_DIV, A_SORTED, A_TMA, False, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT,
                     ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-                    BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD, LORA_KEXT,
+                    BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
                 )  # fmt: skip
         return
     if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
@@ -702,14 +640,14 @@ def _moe_gemm_kernel(
             pairs_t = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, TAIL_M))
             _moe_tile(
                 pairs_t, expert, row0, pid_n * BLOCK_N, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
-                topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr, lora_b_desc,
+                topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
                 N, K, numel, num_slots, lora_rank,
                 stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                 stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
                 A_ROW_DIV, A_SORTED, False, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-                TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD, LORA_KEXT,
+                TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
             return
     if TAIL_N > 0:  # noqa: SIM102 (constexpr test: the narrow tile is compiled only when on)
@@ -717,14 +655,14 @@ def _moe_gemm_kernel(
             # the last N tile holds at most half a tile of columns: a TAIL_N-wide tile
             _moe_tile(
                 pairs, expert, row0, pid_n * BLOCK_N, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
-                topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr, lora_b_desc,
+                topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
                 N, K, numel, num_slots, lora_rank,
                 stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                 stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
                 A_ROW_DIV, A_SORTED, A_TMA, False, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-                BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD, LORA_KEXT,
+                BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
             if SUM_K > 0:
                 _sum_when_last(
@@ -734,14 +672,14 @@ def _moe_gemm_kernel(
             return
     _moe_tile(
         pairs, expert, row0, pid_n * BLOCK_N, a_ptr, b_ptr, c_ptr, a_desc, b_desc, bias_ptr,
-        topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr, lora_b_desc,
+        topk_w_ptr, lora_u_ptr, lora_b_ptr, lora_map_ptr, lora_enabled_ptr,
         N, K, numel, num_slots, lora_rank,
         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
         stride_bias_e, stride_bias_n, stride_uk, stride_us, stride_um, stride_ur,
         stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr,
         A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA,
         LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
-        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD, LORA_KEXT,
+        BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
     )  # fmt: skip
     if SUM_K > 0:
         _sum_when_last(
@@ -1025,29 +963,6 @@ def _descriptor(t2d: torch.Tensor, rows: int, g: GemmConfig) -> Any:
     return TensorDescriptor.from_tensor(t2d, [rows, g.block_k])
 
 
-def _kext_possible(
-    lora: MoELoRAContext, t: int, k: int, e: int, bm: int, gated: bool, one_dot1: bool
-) -> bool:
-    """PROTOTYPE: LoRA as one more K step (aligned batches, unsplit shrink)."""
-    ad = lora.adapters
-    kw = expanded_width(ad.max_rank, ad.num_slots)
-    num_blocks = max_blocks_for(t * k, e, bm)
-    split = max(1, min(8, SHRINK_MIN_PROGRAMS // max(1, num_blocks)))
-    return (
-        LORA_KEXT and (one_dot1 or not gated) and split == 1
-        and ad.num_slices * kw <= LORA_KEXT_MAX and kw & (kw - 1) == 0
-    )  # fmt: skip
-
-
-def _kext_descriptor(lb: torch.Tensor, rows: int, g: GemmConfig) -> Any:
-    """Descriptor of an expanded LoRA B [E, N_B, KEXT] with box [rows, KEXT] (or None)."""
-    if not g.tma or rows > _TMA_MAX_BOX or not _tma_usable(lb):
-        return None
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor.from_tensor(lb.view(-1, lb.shape[-1]), [rows, lb.shape[-1]])
-
-
 def _weight_descriptor(w: torch.Tensor, rows: int, g: GemmConfig) -> Any:
     """Descriptor of ``w`` [E, N_B, K] viewed as [E*N_B, K] when ``g.tma`` asks and TMA can serve."""
     if not g.tma or rows > _TMA_MAX_BOX or g.block_k > _TMA_MAX_BOX or not w.is_contiguous():
@@ -1145,19 +1060,17 @@ def fused_moe_triton(
     bm = cfg.block_m
     if naive is None:
         naive = is_decode_batch(t, k, e)
-    g1 = cfg.gemm1
-    one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
     # persistent GEMMs (config.persistent: one program per SM walks the tiles) for aligned
     # batches without LoRA (with LoRA the expand's loop keeps the tile loop from being
     # flattened: H200 3-27% slower)
-    persist = PERSISTENT_GEMMS and cfg.persistent and not naive and (
-        lora is None or (LORA_KEXT_PERSIST and _kext_possible(lora, t, k, e, bm, gated, one_dot1))
-    )
+    persist = PERSISTENT_GEMMS and cfg.persistent and not naive and lora is None
     # stream-K tails of persistent GEMMs: partial tiles for one program per SM, where they fit
     # the memory the two activation buffers leave of issue 4's budget, with a stable alignment
     # (a pair's sums must not depend on which block the atomics put it in) and not in the
     # two-dot gated form (its up rows would need a second partial)
-    stream_k = persist and lora is None and STREAM_K_TAILS and (one_dot1 or not gated) and stable_supported(e)
+    g1 = cfg.gemm1
+    one_dot1 = gated and (g1.one_dot or g1.tma)  # a TMA box holds gate and up rows together
+    stream_k = persist and STREAM_K_TAILS and (one_dot1 or not gated) and stable_supported(e)
     if stream_k:  # (decode never gets here: no device query on its path)
         sk_elems = stream_k_workspace_elems(
             sm_count(x.device), bm, max((2 if gated else 1) * g1.block_n, cfg.gemm2.block_n)
@@ -1172,9 +1085,7 @@ def fused_moe_triton(
         # small dot per adapter in a block): 3-9% faster on the H200 at T >= 1024; with one
         # block per expert nothing is gained and the ordering costs 1-2%
         order = None
-        if lora is not None and numel > e * bm and (
-            LORA_KEXT_ORDER or not _kext_possible(lora, t, k, e, bm, gated, one_dot1)
-        ):
+        if lora is not None and numel > e * bm:
             order = (lora.token_lora_mapping, lora.adapters.enabled)
         routing = moe_align(topk_ids, e, bm, alloc=work.take, adapter_order=order, stable=stream_k)
         num_blocks = routing.max_blocks
@@ -1220,8 +1131,6 @@ def fused_moe_triton(
             smem_limit=limits.get("smem_limit", SMEM_LIMIT),
         )  # fmt: skip
         split = max(1, min(8, SHRINK_MIN_PROGRAMS // max(1, num_blocks)))
-        kw = expanded_width(rank, slots)
-        kext = not naive and _kext_possible(lora, t, k, e, bm, gated, one_dot1)
         u13 = lora_shrink(
             x,
             ad.w13_a,
@@ -1229,22 +1138,13 @@ def fused_moe_triton(
             split_k=split,
             pdl=pdl and not naive,
             trigger=pdl,
-            expanded=kext,
             **{**shrink_args, "alloc": work13.take},
         )  # type: ignore[arg-type]
-        if kext:
-            lb13 = expanded_b(ad.w13_b, interleave=gated)
-            lb13_desc = _kext_descriptor(lb13, (2 if one_dot1 else 1) * g1.block_n, g1)
-            lb13 = lb13.unsqueeze(0).unsqueeze(0)
-        else:
-            lb13 = ad.w13_b
-            lb13_desc = None
+        lb13 = ad.w13_b
     else:
         lmap = len_ = topk_ids
         slots, rank, split = 0, 1, 1
-        kext = False
         u13 = lb13 = x
-        lb13_desc = None
     block_r = lora_block_sizes(rank, slots)[0]
 
     # GEMM 1 + activation -> act [numel, I], rows in expert-sorted order
@@ -1277,13 +1177,13 @@ def fused_moe_triton(
         sum_args=sum_args,
     )  # fmt: skip
     _launch_gemm(
-        x, w13, act_out, None, b1_desc, w13_bias, u13, lb13, lb13_desc, g1,
+        x, w13, act_out, None, b1_desc, w13_bias, u13, lb13, g1,
         A_ROW_DIV=k, A_SORTED=False, C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
         ONE_DOT=one_dot1, SUM_K=0, PERSISTENT=persist,
         ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0,
         PDL=pdl and (not naive or has_lora), PDL_LATE=pdl and has_lora, TRIGGER=trigger1,
-        LORA_B_AHEAD=b_ahead, LORA_KEXT=ad.num_slices * kw if kext else 0, **common,
+        LORA_B_AHEAD=b_ahead, **common,
     )  # fmt: skip
 
     # LoRA: shrink of the activation for w2
@@ -1295,31 +1195,22 @@ def fused_moe_triton(
             split_k=split,
             pdl=pdl,
             trigger=pdl,
-            expanded=kext,
             **shrink_args,
         )  # type: ignore[arg-type]
-        if kext:
-            lb2 = expanded_b(lora.adapters.w2_b.unsqueeze(0), interleave=False)
-            lb2_desc = _kext_descriptor(lb2, g2.block_n, g2)
-            lb2 = lb2.unsqueeze(0).unsqueeze(0)
-        else:
-            lb2 = lora.adapters.w2_b.unsqueeze(0)
-            lb2_desc = None
+        lb2 = lora.adapters.w2_b.unsqueeze(0)
     else:
         u2 = lb2 = x
-        lb2_desc = None
 
     # GEMM 2 + bias + router weight -> [numel, H] by pair, or the output directly when k == 1
     b2_desc = _weight_descriptor(w2, g2.block_n, g2)
     a2_tma = b2_desc is not None and bm <= _TMA_MAX_BOX and _tma_usable(act_out)
     a2_desc = _descriptor(act_out, bm, g2) if a2_tma else None
     _launch_gemm(
-        act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, lb2_desc, g2,
+        act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, g2,
         A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
         ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, PDL=pdl, PERSISTENT=persist,
-        PDL_LATE=pdl and has_lora, TRIGGER=False, LORA_B_AHEAD=b_ahead,
-        LORA_KEXT=kw if kext else 0, **common,
+        PDL_LATE=pdl and has_lora, TRIGGER=False, LORA_B_AHEAD=b_ahead, **common,
     )  # fmt: skip
     if direct or fused_sum:
         return out
@@ -1344,7 +1235,6 @@ def _launch_gemm(
     bias: torch.Tensor | None,
     u: torch.Tensor,
     lb: torch.Tensor,
-    lb_desc: Any,
     g: GemmConfig,
     *,
     route: tuple[torch.Tensor, ...],
@@ -1368,7 +1258,7 @@ def _launch_gemm(
     grid = min(tiles, sm_count(a.device)) if persist else tiles
     _moe_gemm_kernel[(grid,)](
         a, w, c, a_desc, b_desc, bias if bias is not None else a, *route, u, lb, lmap, len_,
-        lb_desc, sum_out, cnt, *(sk or (c, cnt)),
+        sum_out, cnt, *(sk or (c, cnt)),
         n, k_dim, numel, num_experts, num_blocks, slots, rank, num_tokens, n_cnt,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
         *(bias.stride() if bias is not None else (0, 0)),
