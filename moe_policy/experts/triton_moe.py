@@ -117,8 +117,6 @@ LORA_B_AHEAD = True
 #: Decode (one pair per block, k > 1): GEMM 2 writes the top-k sum itself (its last pair per
 #: token and N tile sums), instead of a separate sum kernel. False restores the sum kernel.
 FUSED_DECODE_SUM = True
-#: EXPERIMENT: aligned GEMM 2 sums the top k itself (last arriver per token and N tile).
-FUSED_PREFILL_SUM = False
 #: Persistent GEMMs where the config asks (``MoEConfig.persistent``); False ignores it.
 PERSISTENT_GEMMS = True
 #: Persistent GEMMs run a narrow last N tile (``N_TAIL_TILES``) in a second loop after the
@@ -579,11 +577,6 @@ def _moe_gemm_kernel(
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                 BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
-            if SUM_K > 0:
-                _sum_rows_when_last(
-                    pairs_p, numel, tile_n * BLOCK_N, tile_n, c_ptr, sum_ptr, cnt_ptr, N, stride_cm, stride_cn,
-                    stride_st, stride_cnt_t, SUM_K, BLOCK_M, BLOCK_N,
-                )  # fmt: skip
         if STREAM_K:
             _stream_k_tail(
                 pid, num_p, n_round, live_m * n_full - n_round, live_m, n_full,
@@ -616,11 +609,6 @@ def _moe_gemm_kernel(
                     ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                     BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
                 )  # fmt: skip
-                if SUM_K > 0:
-                    _sum_rows_when_last(
-                        pairs_p, numel, n_full * BLOCK_N, n_full, c_ptr, sum_ptr, cnt_ptr, N, stride_cm, stride_cn,
-                        stride_st, stride_cnt_t, SUM_K, BLOCK_M, TAIL_N,
-                    )  # fmt: skip
         return
     if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
         if pid == 0:
@@ -640,7 +628,7 @@ def _moe_gemm_kernel(
     if not live:
         if PDL_LATE:  # every program waits, so the kernel ends after its predecessor
             gdc_wait()
-        if SUM_K > 0 and NAIVE:  # an invalid expert still counts as arrived
+        if SUM_K > 0:  # an invalid expert still counts as arrived
             _sum_when_last(
                 pid_m, pid_n, c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts,
                 stride_cm, stride_cn, stride_st, stride_cnt_t, cnt_step, SUM_K, BLOCK_N,
@@ -661,11 +649,6 @@ def _moe_gemm_kernel(
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                 TAIL_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
-            if SUM_K > 0:
-                _sum_rows_when_last(
-                    pairs_t, numel, pid_n * BLOCK_N, pid_n, c_ptr, sum_ptr, cnt_ptr, N, stride_cm, stride_cn,
-                    stride_st, stride_cnt_t, SUM_K, TAIL_M, BLOCK_N,
-                )  # fmt: skip
             return
     if TAIL_N > 0:  # noqa: SIM102 (constexpr test: the narrow tile is compiled only when on)
         if pid_n == num_pid_n - 1:
@@ -681,12 +664,7 @@ def _moe_gemm_kernel(
                 LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
                 BLOCK_M, TAIL_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
             )  # fmt: skip
-            if SUM_K > 0 and not NAIVE:
-                _sum_rows_when_last(
-                    pairs, numel, pid_n * BLOCK_N, pid_n, c_ptr, sum_ptr, cnt_ptr, N, stride_cm,
-                    stride_cn, stride_st, stride_cnt_t, SUM_K, BLOCK_M, TAIL_N,
-                )  # fmt: skip
-            if SUM_K > 0 and NAIVE:
+            if SUM_K > 0:
                 _sum_when_last(
                     pid_m, pid_n, c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts,
                     stride_cm, stride_cn, stride_st, stride_cnt_t, cnt_step, SUM_K, BLOCK_N,
@@ -703,12 +681,7 @@ def _moe_gemm_kernel(
         LIMIT, WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K,
         BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, U_SPLIT, RANK_MASK, PDL_LATE, LORA_B_AHEAD,
     )  # fmt: skip
-    if SUM_K > 0 and not NAIVE:
-        _sum_rows_when_last(
-            pairs, numel, pid_n * BLOCK_N, pid_n, c_ptr, sum_ptr, cnt_ptr, N, stride_cm, stride_cn,
-            stride_st, stride_cnt_t, SUM_K, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
-    if SUM_K > 0 and NAIVE:
+    if SUM_K > 0:
         _sum_when_last(
             pid_m, pid_n, c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts,
             stride_cm, stride_cn, stride_st, stride_cnt_t, cnt_step, SUM_K, BLOCK_N,
@@ -864,47 +837,6 @@ def _sum_when_last(
             acc += v.to(tl.float32)
         out = sum_ptr + tok.to(tl.int64) * stride_st + offs_n
         tl.store(out, acc.to(sum_ptr.dtype.element_ty), mask=offs_n < N)
-
-
-@triton.jit
-def _sum_rows_when_last(
-    pairs,
-    numel,
-    n0,
-    n_tile,
-    c_ptr,
-    sum_ptr,
-    cnt_ptr,
-    N,
-    stride_cm,
-    stride_cn,
-    stride_st,
-    stride_cnt_t,
-    TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """EXPERIMENT: each row of the tile counts its pair in at (token, N tile); rows whose
-    token's pairs have all arrived sum the token's k rows in slot order into the output."""
-    pair_mask = pairs < numel
-    tok = pairs // TOP_K
-    tl.debug_barrier()
-    cnt_ptrs = cnt_ptr + tok.to(tl.int64) * stride_cnt_t + n_tile
-    old = tl.atomic_add(cnt_ptrs, 1, mask=pair_mask, sem="acq_rel", scope="gpu")
-    last = pair_mask & (old == TOP_K - 1)
-    if tl.sum(last.to(tl.int32), 0) > 0:
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            rows = (tok * TOP_K + j).to(tl.int64)
-            v = tl.load(
-                c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-                mask=last[:, None] & n_ok[None, :], other=0.0, cache_modifier=".cg",
-            )
-            acc += v.to(tl.float32)
-        out = sum_ptr + tok.to(tl.int64)[:, None] * stride_st + offs_n[None, :]
-        tl.store(out, acc.to(sum_ptr.dtype.element_ty), mask=last[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -1144,12 +1076,6 @@ def fused_moe_triton(
             sm_count(x.device), bm, max((2 if gated else 1) * g1.block_n, cfg.gemm2.block_n)
         )
         stream_k = 4 * sk_elems <= stream_k_headroom_bytes(numel, n1, h, x.element_size(), direct)
-    # EXPERIMENT: the aligned GEMM 2 sums the top k (tables out of the output, counters zeroed)
-    fused_prefill = (
-        FUSED_PREFILL_SUM and not naive and not direct and lora is None and not persist
-    )  # fmt: skip
-    if fused_prefill:
-        work = Workspace(None, x.device)
     if naive:
         num_blocks = numel
         sorted_ids = expert_ids = num_padded = block_rows = topk_ids  # unused placeholders
@@ -1187,10 +1113,6 @@ def fused_moe_triton(
         and (h * out.element_size()) % 4 == 0
     )  # fmt: skip
     sum_args = None
-    if fused_prefill:
-        n_cnt = triton.cdiv(h, g2.block_n)
-        cnt = torch.zeros(t, n_cnt, dtype=torch.int32, device=x.device)
-        sum_args = (out, cnt, t, n_cnt, out.stride(0), n_cnt, 1)
     if fused_sum:
         words = out.element_size() * out.stride(0) // 4
         n_cnt = triton.cdiv(h, g2.block_n)
@@ -1259,7 +1181,7 @@ def fused_moe_triton(
         A_ROW_DIV=k, A_SORTED=False, C_SORTED=True, C_ROW_DIV=1, GATED=gated, ACT=act,
         WEIGHT_POS=_WEIGHT_INPUT if apply_router_weight_on_input else _WEIGHT_NONE,
         ONE_DOT=one_dot1, SUM_K=0, PERSISTENT=persist,
-        ZERO_CNT=triton.next_power_of_2(sum_args[3]) if fused_sum else 0,
+        ZERO_CNT=triton.next_power_of_2(sum_args[3]) if sum_args else 0,
         PDL=pdl and (not naive or has_lora), PDL_LATE=pdl and has_lora, TRIGGER=trigger1,
         LORA_B_AHEAD=b_ahead, **common,
     )  # fmt: skip
@@ -1287,11 +1209,10 @@ def fused_moe_triton(
         act_out, w2, c2, a2_desc, b2_desc, w2_bias, u2, lb2, g2,
         A_ROW_DIV=1, A_SORTED=True, C_SORTED=False, C_ROW_DIV=1, GATED=False, ACT=0,
         WEIGHT_POS=_WEIGHT_NONE if apply_router_weight_on_input else _WEIGHT_OUTPUT,
-        ONE_DOT=False, SUM_K=k if (fused_sum or fused_prefill) else 0, ZERO_CNT=0, PDL=pdl,
-        PERSISTENT=persist,
+        ONE_DOT=False, SUM_K=k if fused_sum else 0, ZERO_CNT=0, PDL=pdl, PERSISTENT=persist,
         PDL_LATE=pdl and has_lora, TRIGGER=False, LORA_B_AHEAD=b_ahead, **common,
     )  # fmt: skip
-    if direct or fused_sum or fused_prefill:
+    if direct or fused_sum:
         return out
 
     # top-k sum in slot order
