@@ -66,9 +66,6 @@ _BLOCK_CHUNK = 64
 #: lines a packed array takes (H200, 128 experts: the alignment 22.1 -> 13.3 us at 65536
 #: pairs, 15.8 -> 11.6 at 32768; ``results/ab_align_cursor_lines_h200.txt``).
 CURSOR_STEP = 32
-#: EXPERIMENT: counts spacing and per-pair counting atomics.
-COUNT_STEP = 1
-COUNT_PER_PAIR = False
 #: Programs of the multi-program offsets kernel.
 _OFFSET_PROGRAMS = 8
 #: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
@@ -288,24 +285,19 @@ def _align_count_kernel(
     NUM_BINS: tl.constexpr,
     CHUNK: tl.constexpr,
     STABLE: tl.constexpr = False,
-    COUNT_STEP: tl.constexpr = 1,
-    PER_PAIR: tl.constexpr = False,
 ):
     """Pair counts per key (expert, or expert and adapter) of one chunk, added into counts
     (STABLE: also kept per chunk)."""
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     _keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
                             num_experts, num_slots, TOP_K, SUB)  # fmt: skip
-    if PER_PAIR:
-        tl.atomic_add(counts_ptr + key * COUNT_STEP, 1, mask=_keep, sem="relaxed")
-        return
     hist = tl.histogram(key, NUM_BINS * SUB)
     if STABLE:
         bins = tl.arange(0, NUM_BINS)
         tl.store(chunk_counts_ptr + tl.program_id(0) * NUM_BINS + bins, hist)
     # accumulate real experts only
     keys = tl.arange(0, NUM_BINS * SUB)
-    tl.atomic_add(counts_ptr + keys * COUNT_STEP, hist, mask=(keys < num_experts * SUB) & (hist > 0),
+    tl.atomic_add(counts_ptr + keys, hist, mask=(keys < num_experts * SUB) & (hist > 0),
                   sem="relaxed")  # fmt: skip
 
 
@@ -328,13 +320,12 @@ def _align_offsets_kernel(
     NUM_BINS: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
     CURSOR_STEP: tl.constexpr = 1,
-    COUNT_STEP: tl.constexpr = 1,
 ):
     """Expert ids and block rows from the counts, steps shared by the programs; program 0
     also writes num_padded, the cursor and the sentinels."""
     bins = tl.arange(0, NUM_BINS)
     keys = tl.arange(0, NUM_BINS * SUB)
-    sub_counts = tl.load(counts_ptr + keys * COUNT_STEP, mask=keys < num_experts * SUB, other=0)
+    sub_counts = tl.load(counts_ptr + keys, mask=keys < num_experts * SUB, other=0)
     counts = tl.sum(tl.reshape(sub_counts, (NUM_BINS, SUB)), 1)  # per expert
     prog = tl.program_id(0)
     bstart = _offsets_and_blocks(
@@ -454,23 +445,20 @@ def moe_align(
         )  # fmt: skip
     else:
         step = CURSOR_STEP
-        cstep = COUNT_STEP
-        per_pair = COUNT_PER_PAIR and not stable
-        counts = take((num_bins * sub * cstep,), torch.int32).zero_()
+        counts = take((num_bins * sub,), torch.int32).zero_()
         cursor = take((num_bins * sub * step,), torch.int32)  # written by the offsets kernel
         chunk = _STABLE_CHUNK if stable else _CHUNK
         grid = (triton.cdiv(numel, chunk),)
         chunk_counts = take((grid[0] * num_bins,), torch.int32) if stable else counts
         _align_count_kernel[grid](
             topk_ids, lmap, len_, counts, chunk_counts, numel, num_experts, slots,
-            NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable, COUNT_STEP=cstep, PER_PAIR=per_pair,
-            **keys,
+            NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable, **keys,
         )  # fmt: skip
         _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
             counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
-            CURSOR_STEP=step, COUNT_STEP=cstep,
+            CURSOR_STEP=step,
         )  # fmt: skip
         _align_scatter_kernel[grid](
             topk_ids, lmap, len_, sorted_ids, cursor, chunk_counts, numel, num_experts, slots,
