@@ -40,7 +40,7 @@ Small problems (``numel <= FUSED_MAX``) use one program of one kernel; larger on
 zero-filled counter buffer, a counting kernel, an offsets kernel (a few programs, each
 recomputing the prefix sums and writing every expert's j-th block for its share of j) and a
 scatter kernel, whose per-pair atomics take rows from one cursor per key, each on its own
-128-byte line (``CURSOR_STEP``).
+128-byte line while they take at most 32 KB (``cursor_step``).
 """
 
 from __future__ import annotations
@@ -64,8 +64,17 @@ _BLOCK_CHUNK = 64
 #: int32 elements between neighbouring keys' cursors in the multi-program path: one 128-byte
 #: line each, so the scatter's per-pair atomics spread over L2 instead of queueing on the few
 #: lines a packed array takes (H200, 128 experts: the alignment 22.1 -> 13.3 us at 65536
-#: pairs, 15.8 -> 11.6 at 32768; ``results/ab_align_cursor_lines_h200.txt``).
+#: pairs, 15.8 -> 11.6 at 32768; ``results/ab_align_cursor_lines_h200.txt``) ...
 CURSOR_STEP = 32
+#: ... within this many bytes for all cursors (closer together beyond: 2048 adapter-ordered
+#: keys get 16 bytes each), so that they stay a small part of the output they are carved from.
+CURSOR_BYTES = 32768
+
+
+def cursor_step(num_keys: int) -> int:
+    """int32 elements between neighbouring cursors of ``num_keys`` keys (``CURSOR_STEP`` and
+    ``CURSOR_BYTES``)."""
+    return max(1, min(CURSOR_STEP, CURSOR_BYTES // (4 * num_keys)))
 #: Programs of the multi-program offsets kernel.
 _OFFSET_PROGRAMS = 8
 #: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
@@ -444,7 +453,7 @@ def moe_align(
             STABLE=stable, **keys,
         )  # fmt: skip
     else:
-        step = CURSOR_STEP
+        step = cursor_step(num_bins * sub)
         counts = take((num_bins * sub,), torch.int32).zero_()
         cursor = take((num_bins * sub * step,), torch.int32)  # written by the offsets kernel
         chunk = _STABLE_CHUNK if stable else _CHUNK

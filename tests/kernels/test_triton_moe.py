@@ -187,6 +187,33 @@ def test_multi_program_alignment_over_many_chunks(t, k, e, kind, device):
     _check_alignment(ti, e, 64)
 
 
+def test_adapter_ordered_alignment_fits_in_a_small_output(device):
+    """The multi-program alignment's tables, 2048 adapter-ordered cursors of 128 experts
+    included, are carved out of the output of the smallest call that takes that path (T=129,
+    k=8, H=1024: 258 KB), with no tensor of their own, and keep their invariants. One cursor
+    per 128-byte line would have taken 256 KB alone; they share lines past 32 KB."""
+    from moe_policy.experts import align
+    from moe_policy.experts.workspace import Workspace
+
+    t, k, e, block_m = FUSED_MAX // 8 + 1, 8, 128, 16
+    assert align.cursor_step(2048) < align.CURSOR_STEP == align.cursor_step(256)
+    _, ti = make_routing(t, e, k, device, seed=8)
+    slots = torch.arange(t, device=device).remainder(5).int() - 1
+    enabled = torch.ones(4, dtype=torch.int32, device=device)
+    out = torch.empty(t, 1024, dtype=torch.float16, device=device)
+    ws = Workspace(out)
+    taken = []
+
+    def take(shape, dtype):
+        taken.append(ws.take(shape, dtype))
+        return taken[-1]
+
+    r = align.moe_align(ti, e, block_m, alloc=take, adapter_order=(slots, enabled))
+    _check_alignment(ti, e, block_m, routing=r)
+    total = sum(x.numel() * x.element_size() for x in taken)
+    assert ws.carved == total, f"{total - ws.carved} bytes allocated beside the output"
+
+
 def test_alignment_drops_invalid_experts(device):
     """Pairs routed outside [0, E) (experts of another rank) are left out, in both paths."""
     for t in (9, FUSED_MAX // 2 + 7):
