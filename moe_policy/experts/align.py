@@ -69,12 +69,6 @@ CURSOR_STEP = 32
 #: ... within this many bytes for all cursors (closer together beyond: 2048 adapter-ordered
 #: keys get 16 bytes each), so that they stay a small part of the output they are carved from.
 CURSOR_BYTES = 32768
-
-
-def cursor_step(num_keys: int) -> int:
-    """int32 elements between neighbouring cursors of ``num_keys`` keys (``CURSOR_STEP`` and
-    ``CURSOR_BYTES``)."""
-    return max(1, min(CURSOR_STEP, CURSOR_BYTES // (4 * num_keys)))
 #: Programs of the multi-program offsets kernel.
 _OFFSET_PROGRAMS = 8
 #: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
@@ -82,6 +76,12 @@ MAX_SORT_KEYS = 4096
 #: Most bins (experts + 1, to a power of two) of a stable alignment (its ranks come from a
 #: [chunk, bins] cumulative sum per program).
 STABLE_MAX_BINS = 32
+
+
+def cursor_step(num_keys: int) -> int:
+    """int32 elements between neighbouring cursors of ``num_keys`` keys (``CURSOR_STEP`` and
+    ``CURSOR_BYTES``)."""
+    return max(1, min(CURSOR_STEP, CURSOR_BYTES // (4 * num_keys)))
 
 
 class AlignedRouting(NamedTuple):
