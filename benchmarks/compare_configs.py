@@ -47,7 +47,7 @@ from _bench_util import (
 )
 from tune_triton import _call, _inputs, _layer
 
-from moe_policy.experts.triton_config import (
+from moe_policy.experts.triton.config import (
     SMEM_LIMIT,
     MoEConfig,
     _smem_bytes,
@@ -207,7 +207,7 @@ def write_best(best_path: str, config_dir: str) -> list[str]:
     them); returns the files. A shape without a tuned file is refused."""
     from tune_triton import write_config_file
 
-    from moe_policy.experts.triton_config import config_file_name
+    from moe_policy.experts.triton.config import config_file_name
 
     with open(best_path) as f:
         payload = json.load(f)
@@ -309,12 +309,12 @@ def main() -> None:
     p.add_argument(
         "--write-best",
         metavar="JSON",
-        help="merge a compare_best.json into moe_policy/experts/configs and exit",
+        help="merge a compare_best.json into moe_policy/experts/triton/configs and exit",
     )
     args = p.parse_args()
     if args.write_best:
         config_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  "moe_policy", "experts", "configs")  # fmt: skip
+                                  "moe_policy", "experts", "triton", "configs")  # fmt: skip
         for path in write_best(args.write_best, config_dir):
             print(f"# wrote {path}")
         return

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from moe_policy.experts.base import sm_count
-from moe_policy.experts.triton_moe import _WEIGHT_OUTPUT, _apply_act
+from moe_policy.experts.triton.fused_moe import _WEIGHT_OUTPUT, _apply_act
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,7 @@ def main() -> None:
     import kernels as K
     from _bench_util import SHAPES, duty_fraction, time_against_shipped, write_json
 
-    from moe_policy.experts.triton_moe import ACTIVATION_CODES
+    from moe_policy.experts.triton.fused_moe import ACTIVATION_CODES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["qwen3-30b-a3b"], choices=sorted(SHAPES))

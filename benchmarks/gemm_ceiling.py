@@ -92,8 +92,8 @@ def measure_point(shape: MoEShape, t: int, reps: int, device_name: str) -> dict[
     import torch
 
     from moe_policy.experts.base import ExpertsConfig
-    from moe_policy.experts.triton_config import get_config
-    from moe_policy.experts.triton_moe import PERSISTENT_GEMMS, TritonExperts
+    from moe_policy.experts.triton.config import get_config
+    from moe_policy.experts.triton.fused_moe import PERSISTENT_GEMMS, TritonExperts
 
     w = make_weights(shape)
     case = make_case(shape, t, w, None)

@@ -298,7 +298,7 @@ def main() -> None:
     from kernels import make_case, make_weights
 
     from moe_policy.experts.base import ExpertsConfig
-    from moe_policy.experts.triton_moe import TritonExperts
+    from moe_policy.experts.triton.fused_moe import TritonExperts
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["nemotron3-nano", "qwen3-30b-a3b"])

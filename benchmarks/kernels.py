@@ -164,7 +164,7 @@ def build_grouped_mm(case: Case) -> list[Callable[[], Any]]:
 
 def _triton_backend(case: Case) -> Any:
     from moe_policy.experts.base import ExpertsConfig
-    from moe_policy.experts.triton_moe import TritonExperts
+    from moe_policy.experts.triton.fused_moe import TritonExperts
 
     s, w = case.shape, case.weights
     cfg = ExpertsConfig(
@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Benchmark every (shape, T, implementation) asked for; returns the JSON payload."""
     import torch
 
-    from moe_policy.experts.triton_config import get_config
+    from moe_policy.experts.triton.config import get_config
 
     torch.backends.cuda.matmul.allow_tf32 = False
     info = {

@@ -98,12 +98,12 @@ def bench_shape(
 
     from moe_policy.experts.base import ExpertsConfig
     from moe_policy.experts.batched_format import combine_from_batched, dispatch_to_batched
-    from moe_policy.experts.batched_triton import BatchedTritonExperts
     from moe_policy.experts.grouped_mm import TorchGroupedMMExperts
     from moe_policy.experts.lora import MoELoRAContext
+    from moe_policy.experts.triton.batched import BatchedTritonExperts
 
     try:
-        from moe_policy.experts.triton_moe import TritonExperts
+        from moe_policy.experts.triton.fused_moe import TritonExperts
     except ImportError:
         TritonExperts = None
 

@@ -69,8 +69,8 @@ def main() -> None:
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
     import moe_policy
     from moe_policy.api import Selector, explicit_entries
-    from moe_policy.catalog import load_catalog
-    from moe_policy.origin import Origin
+    from moe_policy.core.catalog import load_catalog
+    from moe_policy.core.origin import Origin
 
     explicit = explicit_entries(DRY, None, Origin.api())
     first = []

@@ -100,7 +100,7 @@ def compile_gemm(
     dtype: str = "bf16",
 ) -> Any:  # fmt: skip
     """Compile ``_moe_gemm_kernel`` for ``sm_<arch>`` with these constexprs; a CompiledKernel."""
-    from moe_policy.experts.triton_moe import _moe_gemm_kernel
+    from moe_policy.experts.triton.fused_moe import _moe_gemm_kernel
 
     const = {**constexprs, **{s: 1 for s in _UNIT_STRIDES}}
     types = {p: "*i32" for p in _INT_POINTERS} | {p: "*fp32" for p in _FP32_POINTERS}
@@ -120,7 +120,7 @@ def compile_shrink(
 ) -> Any:
     """Compile ``_lora_shrink_kernel`` (rank 16, 4 slots: 64 slot-expanded columns, as
     ``lora_shrink`` launches it for x) for ``sm_<arch>``; a CompiledKernel."""
-    from moe_policy.experts.triton_lora import _lora_shrink_kernel
+    from moe_policy.experts.triton.lora import _lora_shrink_kernel
 
     const = dict(
         A_ROW_DIV=8, A_SORTED=False, TOP_K=8, NUM_SLICES=num_slices, NAIVE=False,

@@ -106,7 +106,8 @@ def as_on(call: Call) -> Iterator[None]:
     """Within the block, the launchers see the call's part for the meta tensors: its name,
     shared memory budget and SM count, and on Hopper or newer TMA and dependent launches (the
     device queries that find them on a GPU)."""
-    from moe_policy.experts import batched_triton, triton_moe
+    from moe_policy.experts.triton import batched as batched_triton
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     part, limits = PARTS[call.part], part_limits(call)
     hopper = part.hopper
@@ -154,7 +155,10 @@ class Result:
 
 
 def _kernel_modules() -> list[ModuleType]:
-    from moe_policy.experts import align, batched_triton, triton_lora, triton_moe
+    from moe_policy.experts.triton import align
+    from moe_policy.experts.triton import batched as batched_triton
+    from moe_policy.experts.triton import fused_moe as triton_moe
+    from moe_policy.experts.triton import lora as triton_lora
 
     return [align, triton_moe, triton_lora, batched_triton]
 
@@ -221,7 +225,7 @@ def _meta_inputs(
 
 def planned_smem(call: Call) -> int:
     """Shared memory the configs plan for: the launcher's budget on the part, or the call's."""
-    from moe_policy.experts.triton_config import smem_budget
+    from moe_policy.experts.triton.config import smem_budget
 
     part = PARTS[call.part]
     return call.plan_smem if call.plan_smem is not None else smem_budget(part.max_shared_mem)
@@ -229,8 +233,8 @@ def planned_smem(call: Call) -> int:
 
 def dry_run_standard(call: Call) -> tuple[dict[str, Any], list[Launch]]:
     """The standard format's launches of ``call`` (its config from get_config for the part)."""
-    from moe_policy.experts.triton_config import get_config
-    from moe_policy.experts.triton_moe import fused_moe_triton
+    from moe_policy.experts.triton.config import get_config
+    from moe_policy.experts.triton.fused_moe import fused_moe_triton
 
     shape, t = SHAPES[call.shape], call.tokens
     inp = _meta_inputs(shape, t, call.lora, dtype=call.dtype)
@@ -320,7 +324,7 @@ def dry_run_batched(call: Call) -> tuple[dict[str, Any], list[Launch]]:
     """The batched format's launches of ``call`` (``batched_rows`` rows per expert)."""
     import torch
 
-    from moe_policy.experts import batched_triton
+    from moe_policy.experts.triton import batched as batched_triton
 
     shape = SHAPES[call.shape]
     m = batched_rows(shape, call.tokens)

@@ -11,7 +11,7 @@ once (device time per kernel, from the profiler, median over routing sets). Per 
 best GEMM 1 and best GEMM 2 are kept; the BLOCK_M with the smallest sum wins. Candidates are
 compiled first by ``--jobs`` worker processes, then timed one at a time in this process.
 
-    python benchmarks/tune_triton.py --shapes qwen3-30b-a3b --tokens 1 64 1024 --out moe_policy/experts/configs
+    python benchmarks/tune_triton.py --shapes qwen3-30b-a3b --tokens 1 64 1024 --out moe_policy/experts/triton/configs
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _bench_util import SHAPES, MoEShape, positive_int
 
-from moe_policy.experts.triton_config import (
+from moe_policy.experts.triton.config import (
     GemmConfig,
     MoEConfig,
     _fit_stages,
@@ -122,7 +122,7 @@ def _layer(shape: MoEShape) -> tuple[Any, Any]:
     import torch
 
     from moe_policy.experts.base import ExpertsConfig
-    from moe_policy.experts.triton_moe import TritonExperts
+    from moe_policy.experts.triton.fused_moe import TritonExperts
 
     if _STATE.get("name") != shape.name:
         _STATE.clear()
@@ -157,7 +157,7 @@ def _inputs(shape: MoEShape, t: int, n_sets: int) -> list[tuple[Any, Any, Any]]:
 
 
 def _call(backend: Any, cfg: MoEConfig, x: Any, tw: Any, ti: Any, lora: Any = None) -> Any:
-    from moe_policy.experts.triton_moe import fused_moe_triton
+    from moe_policy.experts.triton.fused_moe import fused_moe_triton
 
     c, w = backend.config, backend.weights
     return fused_moe_triton(

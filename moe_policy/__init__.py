@@ -12,7 +12,7 @@ Importing the package never imports torch or triton; the kernels live in
 
 from moe_policy._version import __version__
 from moe_policy.api import Explanation, Selector, explain, reset, select_backend
-from moe_policy.decision import (
+from moe_policy.core.decision import (
     Candidate,
     Decision,
     Outcome,
@@ -21,6 +21,7 @@ from moe_policy.decision import (
     Request,
     Status,
 )
+from moe_policy.core.platform import PlatformFacts, override_platform
 from moe_policy.errors import (
     BackendOverrideError,
     BackendOverrideWarning,
@@ -28,7 +29,6 @@ from moe_policy.errors import (
     NoFeasibleBackendError,
     PolicyError,
 )
-from moe_policy.platform import PlatformFacts, override_platform
 
 __all__ = [
     "BackendOverrideError",

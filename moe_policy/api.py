@@ -14,18 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_policy.audit import AuditSink
-from moe_policy.catalog import Catalog, load_catalog
-from moe_policy.context import SelectionContext
-from moe_policy.decision import Decision
+from moe_policy.core.catalog import Catalog, load_catalog
+from moe_policy.core.context import SelectionContext
+from moe_policy.core.decision import Decision
+from moe_policy.core.facts import build_context
+from moe_policy.core.model import ModelFacts, load_model, model_facts_from_mapping
+from moe_policy.core.origin import Origin
+from moe_policy.core.passes.feasibility import ExtraCheck
+from moe_policy.core.platform import PlatformFacts
+from moe_policy.core.resolver import Resolver
 from moe_policy.errors import PolicyError
-from moe_policy.events import REPORTER, Reporter
-from moe_policy.facts import build_context
-from moe_policy.model import ModelFacts, load_model, model_facts_from_mapping
-from moe_policy.origin import Origin
-from moe_policy.passes.feasibility import ExtraCheck
-from moe_policy.platform import PlatformFacts
-from moe_policy.resolve import Resolver
+from moe_policy.reporting.audit import AuditSink
+from moe_policy.reporting.events import REPORTER, Reporter
 from moe_policy.settings import Entry, Settings, resolve_settings
 
 ModelLike = str | os.PathLike[str] | Mapping[str, Any] | ModelFacts
@@ -151,7 +151,7 @@ class Selector:
             values["layer.index"] = int(layer_index)
             origins["layer.index"] = "api"
         if layer_kind is not None:
-            from moe_policy.context import coerce_value
+            from moe_policy.core.context import coerce_value
 
             values["layer.kind"] = coerce_value("layer.kind", layer_kind, "api:layer_kind")
             origins["layer.kind"] = "api"
@@ -266,7 +266,7 @@ def explain(
 
 def reset() -> None:
     """Forget cached selectors, probe results and reporting state (tests, env changes)."""
-    from moe_policy.platform import reset_probe_cache
+    from moe_policy.core.platform import reset_probe_cache
 
     with _SELECTORS_LOCK:
         _SELECTORS.clear()

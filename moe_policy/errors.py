@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from moe_policy.decision import Decision, Override
+    from moe_policy.core.decision import Decision, Override
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str:

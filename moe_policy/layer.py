@@ -23,11 +23,11 @@ from typing import Any, cast
 import torch
 
 from moe_policy.api import Selector, explicit_entries
-from moe_policy.decision import Decision
+from moe_policy.core.decision import Decision
+from moe_policy.core.origin import Origin
 from moe_policy.errors import MoEPolicyError
 from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
 from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
-from moe_policy.origin import Origin
 
 
 class BackendNotImplementedError(MoEPolicyError, RuntimeError):

@@ -70,7 +70,7 @@ def _fresh_policy_state() -> Iterator[None]:
 def make_selector() -> Callable[..., Any]:
     """Build a Selector isolated from the real environment: ``environ`` defaults to {}."""
     from moe_policy.api import Selector, explicit_entries
-    from moe_policy.origin import Origin
+    from moe_policy.core.origin import Origin
 
     def build(
         model: Any = NEMOTRON,

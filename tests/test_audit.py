@@ -13,8 +13,8 @@ import pytest
 import structlog
 
 from moe_policy.api import Selector
-from moe_policy.audit import AuditWriteError
-from moe_policy.origin import Origin
+from moe_policy.core.origin import Origin
+from moe_policy.reporting.audit import AuditWriteError
 from moe_policy.settings import Entry
 from tests.conftest import NEMOTRON
 

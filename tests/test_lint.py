@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from moe_policy.lint import Finding, lint_document, lint_file, lint_paths
-from moe_policy.overlap import satisfiable
-from moe_policy.rules import Condition
-from moe_policy.yamlio import parse_yaml_text
+from moe_policy.core.rules import Condition
+from moe_policy.core.yamlio import parse_yaml_text
+from moe_policy.lint.checks import Finding, lint_document, lint_file, lint_paths
+from moe_policy.lint.overlap import satisfiable
 from tests.conftest import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "lint"

@@ -155,7 +155,7 @@ def _cuda_limits(index: int) -> dict[str, Any]:
     import torch
     import triton
 
-    from moe_policy.experts.triton_config import smem_budget
+    from moe_policy.experts.triton.config import smem_budget
 
     props = triton.runtime.driver.active.utils.get_device_properties(index)
     return {"device_name": torch.cuda.get_device_name(index),

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from moe_policy.decision import Notice, Request, canonical_json, sha256_hex
-from moe_policy.origin import Origin
-from moe_policy.rules import Rule
+from moe_policy.core.decision import Notice, Request, canonical_json, sha256_hex
+from moe_policy.core.origin import Origin
+from moe_policy.core.rules import Rule
 from moe_policy.settings.base import Entry, FileInfo, Source, SourceOutput
 from moe_policy.settings.builtin import BuiltinSource
 from moe_policy.settings.env import EnvSource
@@ -23,7 +23,7 @@ from moe_policy.settings.explicit import ExplicitSource
 from moe_policy.settings.policy_files import PolicyFilesSource
 
 if TYPE_CHECKING:
-    from moe_policy.catalog import Catalog
+    from moe_policy.core.catalog import Catalog
 
 #: The precedence, lowest first.
 SOURCES: tuple[type[Source], ...] = (BuiltinSource, PolicyFilesSource, EnvSource, ExplicitSource)

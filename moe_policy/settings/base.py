@@ -6,12 +6,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from moe_policy.decision import Notice
-from moe_policy.origin import Origin
-from moe_policy.rules import Rule
+from moe_policy.core.decision import Notice
+from moe_policy.core.origin import Origin
+from moe_policy.core.rules import Rule
 
 if TYPE_CHECKING:
-    from moe_policy.catalog import Catalog
+    from moe_policy.core.catalog import Catalog
 
 
 @dataclass(frozen=True)

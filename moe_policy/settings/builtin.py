@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moe_policy import paths
-from moe_policy.decision import sha256_hex
-from moe_policy.rules import ProblemSink
+from moe_policy.core import paths
+from moe_policy.core.decision import sha256_hex
+from moe_policy.core.rules import ProblemSink
+from moe_policy.core.yamlio import load_yaml_file
 from moe_policy.settings.base import FileInfo, Source, SourceOutput
 from moe_policy.settings.schema import parse_policy_document
-from moe_policy.yamlio import load_yaml_file
 
 if TYPE_CHECKING:
-    from moe_policy.catalog import Catalog
+    from moe_policy.core.catalog import Catalog
 
 
 class BuiltinSource(Source):

@@ -12,16 +12,16 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from moe_policy.context import coerce_bool
-from moe_policy.decision import Notice
+from moe_policy.core.context import coerce_bool
+from moe_policy.core.decision import Notice
+from moe_policy.core.origin import Origin
+from moe_policy.core.rules import Rule
 from moe_policy.errors import PolicyError, did_you_mean
-from moe_policy.origin import Origin
-from moe_policy.rules import Rule
 from moe_policy.settings.base import Entry, Source, SourceOutput
 from moe_policy.settings.schema import validate_setting
 
 if TYPE_CHECKING:
-    from moe_policy.catalog import Catalog
+    from moe_policy.core.catalog import Catalog
 
 PREFIX = "MOE_POLICY_"
 #: Our variables -> the setting each one sets (FILES selects the policy files).

@@ -10,15 +10,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from moe_policy.context import PLATFORMS, coerce_bool
+from moe_policy.core.context import PLATFORMS, coerce_bool
+from moe_policy.core.origin import Origin
+from moe_policy.core.rules import ProblemSink, Rule, parse_rule
+from moe_policy.core.yamlio import LoadedYaml
 from moe_policy.errors import PolicyError, did_you_mean
-from moe_policy.origin import Origin
-from moe_policy.rules import ProblemSink, Rule, parse_rule
 from moe_policy.settings.base import Entry
-from moe_policy.yamlio import LoadedYaml
 
 if TYPE_CHECKING:
-    from moe_policy.catalog import Catalog
+    from moe_policy.core.catalog import Catalog
 
 MODES = ("warn", "strict")
 CONSISTENCY = ("error", "warn")

@@ -164,7 +164,7 @@ def test_decode_tile_search_varies_one_gemm_tile_at_a_time_within_shared_memory(
     shared-memory budget or wider than the GEMM are left out; nothing for prefill."""
     import compare_configs
 
-    from moe_policy.experts.triton_config import SMEM_LIMIT, _smem_bytes
+    from moe_policy.experts.triton.config import SMEM_LIMIT, _smem_bytes
 
     shape = SHAPES["qwen3-30b-a3b"]  # gated, H=2048, I=768
     found = compare_configs.decode_tile_search(shape, 1, "NVIDIA H200")
@@ -218,7 +218,7 @@ def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_pat
 
     name = "E=128,N=768,device_name=NVIDIA_H200.json"
     src = os.path.join(os.path.dirname(compare_configs.__file__), "..", "moe_policy", "experts",
-                       "configs", name)  # fmt: skip
+                       "triton", "configs", name)  # fmt: skip
     target = tmp_path / name
     shutil.copy(src, target)
     path = tmp_path / "best.json"
@@ -346,7 +346,7 @@ def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_pa
 
     name = "E=128,N=768,device_name=NVIDIA_H200.json"
     src = os.path.join(os.path.dirname(tune_triton.__file__), "..", "moe_policy", "experts",
-                       "configs", name)  # fmt: skip
+                       "triton", "configs", name)  # fmt: skip
     shutil.copy(src, tmp_path / name)
     before = json.loads((tmp_path / name).read_text())["configs"]
     entry = {"block_m": 16, "gemm1": {"block_n": 32, "block_k": 64},

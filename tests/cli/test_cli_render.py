@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_policy.commands.explain_text import render
-from moe_policy.commands.table import table, wrap
+from moe_policy.cli.explain_text import render
+from moe_policy.cli.table import table, wrap
 from tests.conftest import MODELS, REPO
 
 SITUATIONS = {

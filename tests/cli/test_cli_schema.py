@@ -7,10 +7,10 @@ import copy
 import jsonschema
 import pytest
 
-from moe_policy.context import CONTEXT_KEYS, LAYER_KINDS
-from moe_policy.decision import SCHEMA_VERSION, Outcome, ReasonCode, Status
-from moe_policy.resolve import PIPELINE
-from moe_policy.rules import ACTIONS, EFFECTS
+from moe_policy.core.context import CONTEXT_KEYS, LAYER_KINDS
+from moe_policy.core.decision import SCHEMA_VERSION, Outcome, ReasonCode, Status
+from moe_policy.core.resolver import PIPELINE
+from moe_policy.core.rules import ACTIONS, EFFECTS
 from tests.cli.conftest import decision_schema, validate_record
 from tests.conftest import NEMOTRON
 

@@ -88,7 +88,7 @@ def worker(
         result["seconds"] = time.perf_counter() - started
         results.append(result)
     if backend == "nccl":
-        from moe_policy.distributed import nccl_device
+        from moe_policy.fleet.distributed import nccl_device
 
         info.update(
             chosen_device=nccl_device(dist, torch, None),

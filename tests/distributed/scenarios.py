@@ -136,8 +136,8 @@ def run_scenario(name: str, rank: int, world: int, out: Path, group: Any = None)
     """Run one scenario on this rank: build its decisions, check agreement, capture the events."""
     import structlog
 
-    from moe_policy.distributed import DecisionMismatchError, check_agreement
     from moe_policy.errors import MoEPolicyError
+    from moe_policy.fleet.distributed import DecisionMismatchError, check_agreement
 
     result: dict[str, Any] = {"scenario": name, "rank": rank, "raised": None, "message": None}
     with structlog.testing.capture_logs() as events:
@@ -166,7 +166,7 @@ def run_scenario(name: str, rank: int, world: int, out: Path, group: Any = None)
 
 def simulate_hosts(rank: int, world: int) -> None:
     """Stand ranks in for two hosts: the lower half is host-a, the upper half host-b."""
-    import moe_policy.distributed as distributed
+    import moe_policy.fleet.distributed as distributed
 
     name = "host-a" if rank < max(1, world // 2) else "host-b"
     distributed.hostname = lambda: name  # type: ignore[assignment]

@@ -12,9 +12,15 @@ import pytest
 import structlog
 
 from moe_policy import PlatformFacts, Selector
-from moe_policy.agreement import compare_summaries, compress, format_ranks, local_mode, rank_summary
-from moe_policy.distributed import DecisionMismatchError
 from moe_policy.errors import MoEPolicyError, PolicyError
+from moe_policy.fleet.agreement import (
+    compare_summaries,
+    compress,
+    format_ranks,
+    local_mode,
+    rank_summary,
+)
+from moe_policy.fleet.distributed import DecisionMismatchError
 
 MODEL = str(Path(__file__).resolve().parents[2] / "configs" / "models" / "qwen3-30b-a3b.json")
 FULL = ("flashinfer", "torch", "triton")
@@ -137,7 +143,7 @@ def test_summary_is_compact_and_json_serialisable():
 def test_single_process_without_a_process_group_agrees_trivially():
     """Without torch.distributed initialised the check is a one-rank check and logs agreement."""
     pytest.importorskip("torch.distributed")
-    from moe_policy.distributed import check_agreement
+    from moe_policy.fleet.distributed import check_agreement
 
     with structlog.testing.capture_logs() as events:
         report = check_agreement(_decisions())
@@ -146,10 +152,10 @@ def test_single_process_without_a_process_group_agrees_trivially():
 
 
 def test_importing_the_module_does_not_import_torch():
-    """``moe_policy.distributed`` imports torch only inside ``check_agreement``."""
+    """``moe_policy.fleet.distributed`` imports torch only inside ``check_agreement``."""
     import subprocess
 
-    code = "import sys, moe_policy.distributed, moe_policy.agreement, moe_policy.commands.diff; print('torch' in sys.modules)"
+    code = "import sys, moe_policy.fleet.distributed, moe_policy.fleet.agreement, moe_policy.cli.diff; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -158,7 +164,7 @@ def test_nccl_device_prefers_bound_then_set_then_local_rank(monkeypatch):
     """The object collective's GPU: the group's bound device, a device the engine set, LOCAL_RANK's."""
     from types import SimpleNamespace
 
-    from moe_policy.distributed import nccl_device
+    from moe_policy.fleet.distributed import nccl_device
 
     def fakes(bound: int | None, current: int) -> tuple[Any, Any]:
         group = SimpleNamespace(
@@ -181,8 +187,8 @@ def test_nccl_device_prefers_bound_then_set_then_local_rank(monkeypatch):
 def test_agreement_record_follows_the_audit_settings(tmp_path: Path):
     """The audit.path setting gets a ``kind: "agreement"`` line; a required audit that fails raises."""
     pytest.importorskip("torch.distributed")
-    from moe_policy.audit import AuditWriteError
-    from moe_policy.distributed import check_agreement
+    from moe_policy.fleet.distributed import check_agreement
+    from moe_policy.reporting.audit import AuditWriteError
 
     log = tmp_path / "audit.jsonl"
     with structlog.testing.capture_logs():

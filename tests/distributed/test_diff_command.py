@@ -14,7 +14,7 @@ import pytest
 import structlog
 
 from moe_policy import PlatformFacts, Selector
-from moe_policy.commands import diff
+from moe_policy.cli import diff
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = str(REPO / "configs" / "models" / "qwen3-30b-a3b.json")

@@ -21,15 +21,15 @@ from moe_cases import (
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.batched_format import combine_from_batched, dispatch_to_batched
-from moe_policy.experts.batched_triton import (
+from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
+from moe_policy.experts.reference import fused_moe_reference
+from moe_policy.experts.triton.batched import (
     BatchedTritonExperts,
     _lora_shrink,
     batched_fused_experts,
     gemm_config,
     shrink_split_k,
 )
-from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
-from moe_policy.experts.reference import fused_moe_reference
 
 # Relative L2 error bounds vs the fp32 reference. The kernel rounds the activation a
 # (GEMM2's input) and the output to the working dtype once each: ~2^-11 relative per
@@ -272,7 +272,7 @@ def test_launcher_rejects_bad_inputs(device: str) -> None:
 def test_gemm_tiles_fit_the_devices_shared_memory(gated: bool) -> None:
     """Hopper's budget leaves every tile as listed; Ada's 72 KB cuts the gated decode tiles
     (108-120 KB) to fit, fewer stages first."""
-    from moe_policy.experts.triton_config import SMEM_LIMIT, GemmConfig, _smem_bytes, smem_budget
+    from moe_policy.experts.triton.config import SMEM_LIMIT, GemmConfig, _smem_bytes, smem_budget
 
     def smem(c: dict) -> int:
         g = GemmConfig(c["BLOCK_N"], c["BLOCK_K"], 1, c["num_warps"], c["num_stages"])

@@ -14,7 +14,7 @@ from moe_cases import ON_GPU, make_routing, make_weights, make_x
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.reference import fused_moe_reference
-from moe_policy.experts.triton_moe import ACTIVATION_CODES, TritonExperts
+from moe_policy.experts.triton.fused_moe import ACTIVATION_CODES, TritonExperts
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import decode_barrier_probe as probe

@@ -28,10 +28,11 @@ from moe_cases import (  # noqa: E402
     record_launches,
 )
 
-from moe_policy.experts import triton_config as tc  # noqa: E402
-from moe_policy.experts import triton_lora, triton_moe  # noqa: E402
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
-from moe_policy.experts.triton_moe import TritonExperts, fused_moe_triton  # noqa: E402
+from moe_policy.experts.triton import config as tc  # noqa: E402
+from moe_policy.experts.triton import fused_moe as triton_moe  # noqa: E402
+from moe_policy.experts.triton import lora as triton_lora  # noqa: E402
+from moe_policy.experts.triton.fused_moe import TritonExperts, fused_moe_triton  # noqa: E402
 
 _SWITCHES = {"PDL": False, "PDL_LATE": False, "TRIGGER": False, "launch_pdl": False}
 

@@ -14,11 +14,11 @@ pytest.importorskip("triton")
 
 from moe_cases import lora_context, rel_err  # noqa: E402
 
-from moe_policy.experts import triton_moe  # noqa: E402
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.lora import MoELoRAAdapters  # noqa: E402
 from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
-from moe_policy.experts.triton_moe import TritonExperts  # noqa: E402
+from moe_policy.experts.triton import fused_moe as triton_moe  # noqa: E402
+from moe_policy.experts.triton.fused_moe import TritonExperts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -24,10 +24,10 @@ pytest.importorskip("triton")
 from moe_cases import make_lora, make_routing, make_weights, rel_err  # noqa: E402
 
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
-from moe_policy.experts.batched_triton import BatchedTritonExperts  # noqa: E402
 from moe_policy.experts.lora import MoELoRAContext  # noqa: E402
 from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
-from moe_policy.experts.triton_moe import TritonExperts  # noqa: E402
+from moe_policy.experts.triton.batched import BatchedTritonExperts  # noqa: E402
+from moe_policy.experts.triton.fused_moe import TritonExperts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -126,7 +126,7 @@ ODD = {
 @pytest.mark.parametrize("t", [1, 300, 2000])
 @pytest.mark.parametrize("name", list(ODD))
 def test_unaligned_rows_take_pointer_loads(name, t, use_lora):
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     cfg = ODD[name]
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=5)
@@ -154,7 +154,7 @@ def test_tiles_planned_for_an_ada_part_compute_correctly(name, t, use_lora, monk
     """The launcher as an L40S runs it (its 72 KB budget, so narrower tiles and fewer stages;
     no TMA, no dependent launches), executed on this GPU at full shapes: the cut tiles and
     the pointer-load path give the reference's result."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     monkeypatch.setattr(triton_moe, "config_limits", lambda device: ADA_LIMITS)
     monkeypatch.setattr(triton_moe, "_tma_device", lambda t: False)

@@ -27,12 +27,12 @@ from moe_cases import (  # noqa: E402
     rel_err,
 )
 
-from moe_policy.experts import triton_config as tc  # noqa: E402
-from moe_policy.experts.align import moe_align  # noqa: E402
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
-from moe_policy.experts.triton_lora import lora_shrink  # noqa: E402
-from moe_policy.experts.triton_moe import TritonExperts, fused_moe_triton  # noqa: E402
+from moe_policy.experts.triton import config as tc  # noqa: E402
+from moe_policy.experts.triton.align import moe_align  # noqa: E402
+from moe_policy.experts.triton.fused_moe import TritonExperts, fused_moe_triton  # noqa: E402
+from moe_policy.experts.triton.lora import lora_shrink  # noqa: E402
 
 #: As in test_triton_moe; bf16 also rounds the shrink output to bf16 before the expand.
 REL_TOL = {torch.float32: 1e-3 if ON_GPU else 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -249,7 +249,7 @@ def test_lora_b_tiles_ahead_with_every_slot_in_a_block(cfg, one_dot, device, mon
     loop and the slots in between after it; with all four slots (one disabled, some tokens
     without an adapter) in each expert's one block the result matches the reference and the
     expand without tiles ahead."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[0]
     tiles = dataclasses.replace(
@@ -276,7 +276,7 @@ def test_lora_b_tiles_ahead_with_every_slot_in_a_block(cfg, one_dot, device, mon
 def test_lora_b_tiles_ahead_only_where_blocks_hold_few_slots_or_tiles_are_large(monkeypatch):
     """The rule: decode (one pair per block), pairs ordered by adapter, or 128-row tiles; not
     16-64-row tiles holding every slot (slower there on the H200)."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     cfg = ExpertsConfig(4, 32, 32, 2, "silu")
     dtype = dtypes_for_device()[0]
@@ -389,8 +389,8 @@ TILES_16_TMA = tc.MoEConfig(
 def test_lora_unsplit_shrink_small_tiles_match_reference(device):
     """Enough blocks for an unsplit shrink with 16-row tiles (the decode path of real batches)."""
     cfg, tiles = ExpertsConfig(64, 32, 32, 4, "silu"), TILES_16_TMA
-    from moe_policy.experts.align import max_blocks_for
-    from moe_policy.experts.triton_moe import SHRINK_MIN_PROGRAMS
+    from moe_policy.experts.triton.align import max_blocks_for
+    from moe_policy.experts.triton.fused_moe import SHRINK_MIN_PROGRAMS
 
     t = 32  # 128 pairs over 64 experts: 72 block slots, most of them used once
     assert SHRINK_MIN_PROGRAMS // max_blocks_for(t * cfg.top_k, cfg.num_experts, 16) == 1
@@ -412,7 +412,7 @@ def test_lora_unsplit_shrink_small_tiles_match_reference(device):
 def test_lora_with_pairs_ordered_by_adapter(tiles, device, monkeypatch):
     """When experts average more than a block, the alignment orders each expert's pairs by
     adapter; results match the reference and the unordered alignment."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     cfg = ExpertsConfig(4, 64, 48, 2, "silu")
     t = 4 * tiles.block_m + 3  # 2 pairs per token over 4 experts: ~2 blocks per expert

@@ -25,11 +25,11 @@ from moe_cases import (  # noqa: E402
     rel_err,
 )
 
-from moe_policy.experts import triton_config as tc  # noqa: E402
-from moe_policy.experts.align import FUSED_MAX, moe_align  # noqa: E402
 from moe_policy.experts.base import ExpertsConfig, sm_count  # noqa: E402
 from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
-from moe_policy.experts.triton_moe import TritonExperts, _moe_gemm_kernel, fused_moe_triton  # noqa: E402
+from moe_policy.experts.triton import config as tc  # noqa: E402
+from moe_policy.experts.triton.align import FUSED_MAX, moe_align  # noqa: E402
+from moe_policy.experts.triton.fused_moe import TritonExperts, _moe_gemm_kernel, fused_moe_triton  # noqa: E402
 
 #: Relative-error bounds ||out - ref|| / ||ref|| against the float64 reference, per dtype.
 #: fp32: interpreted dots are exact fp32 (tf32 on a GPU, hence 1e-3 there); fp16: the
@@ -159,7 +159,7 @@ def test_alignment_orders_pairs_by_adapter(t, k, e, block_m, device):
 def test_alignment_with_too_many_adapter_keys_stays_unordered(device):
     """Past MAX_SORT_KEYS (E bins x adapter keys) the alignment ignores adapter_order: it is
     the plain alignment, and a busy expert's pairs keep their mixed adapters."""
-    from moe_policy.experts.align import MAX_SORT_KEYS
+    from moe_policy.experts.triton.align import MAX_SORT_KEYS
 
     e, t = 600, 50  # 1024 bins x 8 keys for 4 slots > MAX_SORT_KEYS
     assert MAX_SORT_KEYS < 1024 * 8
@@ -179,7 +179,7 @@ def test_alignment_with_too_many_adapter_keys_stays_unordered(device):
 def test_multi_program_alignment_over_many_chunks(t, k, e, kind, device):
     """Several chunks of the multi-program path, a busy expert taking half of the pairs and a
     few dropped pairs in every chunk: the alignment's invariants hold."""
-    from moe_policy.experts import align
+    from moe_policy.experts.triton import align
 
     _, ti = make_routing(t, e, k, device, kind=kind, seed=5)
     ti[::7, -1] = -1
@@ -192,8 +192,8 @@ def test_adapter_ordered_alignment_fits_in_a_small_output(device):
     included, are carved out of the output of the smallest call that takes that path (T=129,
     k=8, H=1024: 258 KB), with no tensor of their own, and keep their invariants. One cursor
     per 128-byte line would have taken 256 KB alone; they share lines past 32 KB."""
-    from moe_policy.experts import align
-    from moe_policy.experts.workspace import Workspace
+    from moe_policy.experts.triton import align
+    from moe_policy.experts.triton.workspace import Workspace
 
     t, k, e, block_m = FUSED_MAX // 8 + 1, 8, 128, 16
     assert align.cursor_step(2048) < align.CURSOR_STEP == align.cursor_step(256)
@@ -255,7 +255,7 @@ def test_stable_alignment_keeps_pair_order_inside_each_expert(t, k, e, block_m, 
 
 def test_stable_alignment_limits(device):
     """Stable order takes no adapter order and at most STABLE_MAX_BINS - 1 experts."""
-    from moe_policy.experts.align import STABLE_MAX_BINS, stable_supported
+    from moe_policy.experts.triton.align import STABLE_MAX_BINS, stable_supported
 
     ti = torch.zeros(4, 2, dtype=torch.int32, device=device)
     assert stable_supported(STABLE_MAX_BINS - 1) and not stable_supported(STABLE_MAX_BINS)
@@ -614,7 +614,7 @@ def test_fp32_configs_are_cut_to_fit(e, i, k, h, gated):
 def test_lora_shrink_tiles_fit_the_dtype_and_part():
     """The shrink keeps its tiles in bf16 on Hopper's budget; fp32 or a smaller part first
     loses a stage, then K width (down to 16 columns)."""
-    from moe_policy.experts.triton_lora import shrink_tiles
+    from moe_policy.experts.triton.lora import shrink_tiles
 
     for bm, bk in ((16, 128), (32, 128), (64, 128), (128, 64)):
         for a_cols in (64, 128):
@@ -635,7 +635,8 @@ def test_lora_shrink_tiles_fit_the_dtype_and_part():
 def test_launch_passes_the_devices_limits_to_get_config(monkeypatch, dtype, elem):
     """fused_moe_triton asks get_config for the tensor's device limits (off CUDA: none) and
     the operands' element size (fp32 tiles take twice the shared memory)."""
-    from moe_policy.experts import base, triton_moe
+    from moe_policy.experts import base
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     assert base.config_limits(torch.device("cpu")) == {}
     monkeypatch.setattr(base, "_cuda_limits", lambda index: {"smem_limit": index})
@@ -734,7 +735,7 @@ def test_experts_package_import_is_light():
 
 def test_tma_descriptor_only_where_tma_can_serve(device):
     """TMA is used when asked and the rows are 16-byte aligned; otherwise pointers serve."""
-    from moe_policy.experts import triton_moe as tm
+    from moe_policy.experts.triton import fused_moe as tm
 
     g = tc.GemmConfig(32, 16, tma=True)
     w = torch.zeros(4, 64, 72, dtype=torch.float16, device=device)
@@ -771,7 +772,7 @@ def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch):
     """Decode (one pair per block): GEMM 2's last-arriving pair per token and N tile writes the
     top-k sum; bit-identical to the separate sum kernel, invalid experts included, and every
     call re-zeroes its counters (the same output twice)."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     wts = make_weights(cfg, dtype, device)
     conv = TritonExperts.convert_weights(
@@ -821,7 +822,7 @@ def test_decode_fused_sum_needs_whole_counter_words(device, monkeypatch):
 
 def _count_sum_launches(monkeypatch) -> list:
     """Record each launch of the separate top-k sum kernel."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     return record_launches(monkeypatch, triton_moe, "_moe_sum_kernel")
 
@@ -847,8 +848,8 @@ def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypa
     the full-width tile, with bias and LoRA too."""
     from moe_cases import lora_mapping, make_lora
 
-    from moe_policy.experts import triton_moe
     from moe_policy.experts.lora import MoELoRAContext
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[-1]
     cfg = ExpertsConfig(8, 200, 88, 2, act, gated=gated, has_bias=True)
@@ -918,7 +919,7 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
                                                      device, monkeypatch):  # fmt: skip
     """Persistent GEMMs (one program per SM walking the tiles) compute what one program per
     tile computes, bit for bit in fp32 off the GPU, and match the reference."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[-1]
     cfg = ExpertsConfig(8, 72, 40, 3, act, gated=gated, has_bias=True,
@@ -999,7 +1000,7 @@ def test_stream_k_tails_match_whole_tiles(act, gated, k, on_input, t, device, mo
     what whole tiles compute (up to fp32 summation order), match the reference, give the same
     bits on every run, read no partial tile they did not write (the workspace starts as NaN)
     and leave their arrival counters zero."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[-1]
     cfg = ExpertsConfig(8, 72, 40, k, act, gated=gated, has_bias=True,
@@ -1052,7 +1053,7 @@ def test_stream_k_needs_room_in_the_memory_budget(device, monkeypatch):
     """The stream-K workspace is allocated only inside issue 4's budget: what one
     ``numel x max(N1, H)`` buffer leaves beside GEMM 2's ``numel x H`` output (all of it
     when k = 1, where GEMM 2 writes the layer output)."""
-    from moe_policy.experts import triton_moe
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     assert triton_moe.stream_k_headroom_bytes(2048, 28672, 4096, 2, False) == 2048 * 24576 * 2
     assert triton_moe.stream_k_headroom_bytes(100, 1536, 2048, 2, False) == 0  # Qwen3: N1 < H
@@ -1074,8 +1075,8 @@ def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatc
     when the config asks for persistent GEMMs; the module switch turns it off everywhere."""
     from moe_cases import lora_mapping, make_lora
 
-    from moe_policy.experts import triton_moe
     from moe_policy.experts.lora import MoELoRAContext
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[-1]
     cfg = ExpertsConfig(8, 64, 32, 2, "silu")
@@ -1108,8 +1109,8 @@ def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(device, monk
     LoRA or with the switch off, it takes the default tails of its block height."""
     from moe_cases import lora_mapping, make_lora
 
-    from moe_policy.experts import triton_moe
     from moe_policy.experts.lora import MoELoRAContext
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[-1]
     cfg = ExpertsConfig(4, 32, 32, 2, "silu")
@@ -1159,7 +1160,8 @@ def test_config_persistent_round_trips_and_validates():
 def test_tma_and_dependent_launches_only_on_nvidia_hopper(monkeypatch, hip, cap, expected):
     """ROCm builds of torch report MI300-class GPUs as compute capability 9.4: no TMA or
     dependent launches there (ROCm's Triton rejects the launch option by name)."""
-    from moe_policy.experts import base, triton_moe
+    from moe_policy.experts import base
+    from moe_policy.experts.triton import fused_moe as triton_moe
 
     monkeypatch.setattr(torch.version, "hip", hip)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: cap)

@@ -18,10 +18,10 @@ from moe_cases import (  # noqa: E402
     rel_err,
 )
 
-from moe_policy.experts import triton_moe  # noqa: E402
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
-from moe_policy.experts.workspace import Workspace  # noqa: E402
+from moe_policy.experts.triton import fused_moe as triton_moe  # noqa: E402
+from moe_policy.experts.triton.workspace import Workspace  # noqa: E402
 
 
 def _inside(view: torch.Tensor, buf: torch.Tensor) -> bool:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_policy.catalog import check_registry, load_catalog, parse_catalog
+from moe_policy.core.catalog import check_registry, load_catalog, parse_catalog
+from moe_policy.core.yamlio import parse_yaml_text
 from moe_policy.errors import PolicyError
-from moe_policy.yamlio import parse_yaml_text
 
 REPO = Path(__file__).resolve().parents[2]
 

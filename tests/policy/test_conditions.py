@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from moe_policy.core.origin import Origin
+from moe_policy.core.rules import ProblemSink, parse_conditions
 from moe_policy.errors import PolicyError
-from moe_policy.origin import Origin
-from moe_policy.rules import ProblemSink, parse_conditions
 
 
 def _conds(when):
@@ -72,7 +72,7 @@ def test_bad_choice_value_is_an_error():
 
 def test_missing_context_is_reported(make_selector):
     """A rule on an unknown value does not match and names the missing key."""
-    from moe_policy.rules import Rule
+    from moe_policy.core.rules import Rule
 
     rule = Rule("r", "forbid", ("triton",), _conds({"lora.max_loras": {"gt": 2}}), "x", "t.yaml")
     assert rule.evaluate({"lora.max_loras": None}) == (False, ("lora.max_loras",))

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from moe_policy import ReasonCode
-from moe_policy.paths import DEFAULT_POLICY
-from moe_policy.yamlio import load_yaml_file
+from moe_policy.core.paths import DEFAULT_POLICY
+from moe_policy.core.yamlio import load_yaml_file
 from tests.conftest import GPT_OSS, NEMOTRON, QWEN3
 
 SM90 = {"platform": "cuda", "capability": "9.0"}

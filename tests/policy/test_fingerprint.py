@@ -13,7 +13,7 @@ from tests.conftest import NEMOTRON, REPO
 SCRIPT = """
 import json, sys
 from moe_policy.api import Selector, explicit_entries
-from moe_policy.origin import Origin
+from moe_policy.core.origin import Origin
 policy = sys.argv[1] if len(sys.argv) > 1 else None
 sel = Selector({model!r}, environ={{}}, policy_files=[policy] if policy else None,
                explicit=explicit_entries(dict(platform="cuda", capability="9.0", lora=True), None, Origin.api()))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from moe_policy.core.model import load_model, model_facts_from_mapping
 from moe_policy.errors import PolicyError
-from moe_policy.model import load_model, model_facts_from_mapping
 from tests.conftest import DEEPSEEK, GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
 EXPECTED = {

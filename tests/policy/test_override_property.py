@@ -15,7 +15,7 @@ from moe_policy import (
     Outcome,
     Status,
 )
-from moe_policy.catalog import load_catalog
+from moe_policy.core.catalog import load_catalog
 from tests.conftest import GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
 CATALOG = load_catalog()

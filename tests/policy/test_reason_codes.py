@@ -8,7 +8,7 @@ import pytest
 
 from moe_policy import ReasonCode
 from moe_policy.api import Selector, explicit_entries
-from moe_policy.origin import Origin
+from moe_policy.core.origin import Origin
 from tests.conftest import GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
 SM90 = {"platform": "cuda", "capability": "9.0"}

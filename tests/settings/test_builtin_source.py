@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from moe_policy.catalog import load_catalog
-from moe_policy.paths import DEFAULT_POLICY
+from moe_policy.core.catalog import load_catalog
+from moe_policy.core.paths import DEFAULT_POLICY
 from moe_policy.settings import resolve_settings
 from moe_policy.settings.builtin import BuiltinSource
 
@@ -21,7 +21,7 @@ def test_builtin_values_carry_default_yaml_positions():
 
 def test_safe_loader_and_omegaconf_read_default_yaml_identically():
     """The fast safe-loader path for package data gives exactly what OmegaConf gives."""
-    from moe_policy.yamlio import load_yaml_file
+    from moe_policy.core.yamlio import load_yaml_file
 
     fast = load_yaml_file(DEFAULT_POLICY, use_omegaconf=False).data
     slow = OmegaConf.to_container(OmegaConf.load(DEFAULT_POLICY), resolve=True)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from moe_policy.catalog import load_catalog
+from moe_policy.core.catalog import load_catalog
 from moe_policy.errors import PolicyError
 from moe_policy.settings import resolve_settings
 from moe_policy.settings.env import EnvSource

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from moe_policy.catalog import load_catalog
+from moe_policy.core.catalog import load_catalog
+from moe_policy.core.origin import Origin
 from moe_policy.errors import PolicyError
-from moe_policy.origin import Origin
 from moe_policy.settings import SOURCES, Entry, resolve_settings
 
 

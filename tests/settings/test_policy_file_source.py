@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_policy.catalog import load_catalog
+from moe_policy.core.catalog import load_catalog
 from moe_policy.errors import PolicyError
 from moe_policy.settings import resolve_settings
 
@@ -135,9 +135,9 @@ def test_duplicate_yaml_key_is_an_error(tmp_path: Path):
 
 def test_nested_sections_report_unknown_names_and_wrong_types():
     """audit/priority sub-keys and rule effect/action are checked with codes, positions and suggestions."""
-    from moe_policy.rules import ProblemSink
+    from moe_policy.core.rules import ProblemSink
+    from moe_policy.core.yamlio import parse_yaml_text
     from moe_policy.settings.schema import parse_policy_document
-    from moe_policy.yamlio import parse_yaml_text
 
     text = (
         "audit: {pth: x}\n"

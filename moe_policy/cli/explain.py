@@ -1,0 +1,193 @@
+"""``moe-policy explain``: decide like a real selection and show why.
+
+Every flag becomes an explicit entry whose origin is ``cli:--flag``; ``--set
+key=value`` sets any context or settings key (origin ``cli:--set``, values parsed
+as an OmegaConf dotlist, applied after the named flags). The decision is then
+reported exactly as an engine's ``Selector.select`` would: events on stderr,
+the audit line, a refusal in strict mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from moe_policy.core.context import PLATFORMS
+from moe_policy.core.origin import Origin
+from moe_policy.errors import BackendOverrideWarning, PolicyError
+from moe_policy.settings import Entry
+
+#: Flags that set one key each: (flag, key, argparse options). The flag is the origin.
+FLAG_KEYS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("--backend", "backend", {"metavar": "NAME", "help": "explicit backend request (or auto)"}),
+    ("--mode", "mode", {"metavar": "warn|strict", "help": "strict: refuse an infeasible request"}),
+    (
+        "--lora",
+        "lora.enabled",
+        {"action": "store_const", "const": True, "help": "LoRA adapters are served"},
+    ),
+    ("--max-lora-rank", "lora.max_rank", {"metavar": "N", "help": "largest adapter rank"}),
+    ("--max-loras", "lora.max_loras", {"metavar": "N", "help": "adapter slots per batch"}),
+    (
+        "--platform",
+        "platform",
+        {"metavar": "|".join(PLATFORMS), "help": "dry run for this platform"},
+    ),
+    (
+        "--capability",
+        "device.capability",
+        {"metavar": "X.Y", "help": "CUDA compute capability (dry run)"},
+    ),
+    ("--device-name", "device.name", {"metavar": "NAME", "help": "device name (dry run)"}),
+    ("--dtype", "model.dtype", {"metavar": "bf16|fp16|fp32", "help": "override the model's dtype"}),
+    ("--tp", "parallel.tp", {"metavar": "N", "help": "tensor-parallel size"}),
+    ("--dp", "parallel.dp", {"metavar": "N", "help": "data-parallel size"}),
+    ("--ep", "parallel.ep", {"action": "store_const", "const": True, "help": "expert parallelism"}),
+    (
+        "--all2all",
+        "parallel.all2all",
+        {"metavar": "NAME", "help": "all2all kind, e.g. deepep_low_latency"},
+    ),
+    (
+        "--eplb",
+        "parallel.eplb",
+        {"action": "store_const", "const": True, "help": "expert load balancing"},
+    ),
+    ("--layer-kind", "layer.kind", {"metavar": "KIND", "help": "moe, draft, mtp or shared"}),
+    (
+        "--audit-log",
+        "audit.path",
+        {"metavar": "PATH", "help": "append the decision to this JSON-lines file"},
+    ),
+)
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``explain`` and its options."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "explain",
+        help="decide the backend of one MoE layer and explain why",
+        description="Decide the MoE backend like a real selection and show the settings "
+        "ladder, the context, every candidate, the rules and what strict mode would do.",
+    )
+    parser.add_argument("--model", required=True, metavar="PATH", help="HF config.json or YAML")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        metavar="PATH",
+        help="policy file (repeatable, later wins; replaces MOE_POLICY_FILES)",
+    )
+    for flag, _key, options in FLAG_KEYS:
+        parser.add_argument(flag, dest=_dest(flag), default=None, **options)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any context or settings key, e.g. parallel.tp=2 or packages=[triton,torch]",
+    )
+    parser.add_argument("--json", action="store_true", help="print the decision record (JSON)")
+    parser.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default=None,
+        help="stderr events: console (default on a terminal) or JSON lines",
+    )
+    return parser
+
+
+def flag_entries(args: argparse.Namespace) -> list[Entry]:
+    """One explicit entry per given flag, origin ``cli:--flag``."""
+    return [
+        Entry(key, getattr(args, _dest(flag)), Origin.cli(flag))
+        for flag, key, _options in FLAG_KEYS
+        if getattr(args, _dest(flag)) is not None
+    ]
+
+
+def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, Mapping) and value:
+        for key, sub in value.items():
+            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), sub)
+    else:
+        yield prefix, value
+
+
+def set_entries(items: Sequence[str]) -> list[Entry]:
+    """``--set key=value`` items as explicit entries (OmegaConf dotlist syntax)."""
+    if not items:
+        return []
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    origin = Origin.cli("--set")
+    entries: list[Entry] = []
+    for item in items:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            raise PolicyError(f"expected KEY=VALUE, got {item!r}", origin)
+        try:
+            data = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=True)
+        except OmegaConfBaseException as exc:
+            raise PolicyError(
+                f"cannot parse {item!r}: {str(exc).splitlines()[0]}", origin
+            ) from None
+        entries.extend(Entry(k, v, origin) for k, v in _flatten("", data))
+    return entries
+
+
+def _report(selector: Any, decision: Any) -> None:
+    """Report like ``Selector.select``; the override warning is already an event on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            selector.reporter.report(decision, selector.audit)
+        finally:
+            for item in caught:
+                if not issubclass(item.category, BackendOverrideWarning):
+                    warnings.showwarning(item.message, item.category, item.filename, item.lineno)
+
+
+def _print(explanation: Any, args: argparse.Namespace) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(explanation.decision.to_dict(), indent=2) + "\n")
+    else:
+        from moe_policy.cli.explain_text import render
+
+        sys.stdout.write(render(explanation, args.model))
+    sys.stdout.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve, print (human or JSON), then report; exceptions carry the exit code."""
+    from moe_policy.api import Selector
+    from moe_policy.reporting.audit import AuditWriteError
+
+    entries = [*flag_entries(args), *set_entries(args.set)]
+    selector = Selector(
+        args.model,
+        policy_files=args.policy,
+        explicit=entries,
+        files_origin=Origin.cli("--policy"),
+    )
+    explanation = selector.explain()
+    try:
+        _print(explanation, args)
+    except BrokenPipeError:  # the reader left (`| head`); still report and exit with the real code
+        from moe_policy.cli.app import silence_stdout
+
+        silence_stdout()
+    try:
+        _report(selector, explanation.decision)
+    except AuditWriteError as exc:
+        resolved = selector.settings.values.get("audit.path")
+        raise PolicyError(str(exc), resolved.origin if resolved else None) from None
+    return 0

@@ -1,0 +1,54 @@
+"""``moe-policy lint FILE...``: findings with severity, code, message and file:line:col.
+
+Exit 1 when any error is found, 0 otherwise (warnings alone pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``lint`` and its options."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "lint",
+        help="check policy files for defects (exit 1 on an error)",
+        description="Check policy files: unknown keys, backends and context keys, invalid "
+        "values, shadowed and conflicting rules, requires that leave no backend.",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="policy YAML files")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Lint every file, print the findings, exit 1 on any error."""
+    from moe_policy.lint.checks import lint_paths
+
+    findings = lint_paths(args.files)
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = len(findings) - errors
+    if args.json:
+        report = {
+            "files": list(args.files),
+            "findings": [f.to_dict() for f in findings],
+            "errors": errors,
+            "warnings": warnings,
+        }
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        from moe_policy.cli.table import WIDTH, table
+
+        if findings:
+            rows = [(f.location, f.severity, f.code, f.message) for f in findings]
+            fixed = max(len(r[0]) for r in rows) + 8 + max(len(r[2]) for r in rows) + 6
+            widths = (None, 8, None, max(WIDTH - fixed, 30))
+            print(table(rows, ("location", "severity", "code", "message"), widths))
+        files = len(args.files)
+        print(
+            f"{files} file{'s' if files != 1 else ''} checked: {errors} error(s), {warnings} warning(s)"
+        )
+    return 1 if errors else 0

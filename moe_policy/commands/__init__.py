@@ -1,1 +1,0 @@
-"""The ``moe-policy`` subcommands: one module per command (``add_parser``, ``run``)."""

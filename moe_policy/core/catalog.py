@@ -1,0 +1,312 @@
+"""The backend capability catalog (``configs/backends.yaml``) and the experts registry.
+
+The catalog states what each backend can run; feasibility is checked against it.
+Implementations register by backend name: built-ins through the catalog's
+``implementation`` field, third parties through the ``moe_policy.backends``
+entry-point group (``name = "module:Class"``). A backend with no implementation in
+this process can still be decided, for an engine that has it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from moe_policy.core import paths
+from moe_policy.core.context import ACTIVATIONS, ALL2ALL_KINDS, DTYPES, PLATFORMS, QUANTIZATIONS
+from moe_policy.core.rules import Condition, ProblemSink, parse_conditions
+from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
+from moe_policy.errors import PolicyError, did_you_mean
+
+ENTRY_POINT_GROUP = "moe_policy.backends"
+LORA_SUPPORT = ("true", "false", "conditional", "delegated")
+BACKEND_KEYS = (
+    "description",
+    "experts_class",
+    "implementation",
+    "platforms",
+    "capability",
+    "dtypes",
+    "quantization",
+    "activations",
+    "activation_format",
+    "parallel",
+    "lora",
+    "batch_invariant",
+    "max_experts",
+    "intermediate_multiple",
+    "hidden_multiple",
+    "bias",
+    "packages",
+    "delegated",
+)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Static capabilities of one backend."""
+
+    name: str
+    description: str
+    experts_class: str | None
+    implementation: str | None
+    platforms: tuple[str, ...]
+    capability_min: str | None
+    capability_max: str | None
+    capability_any_of: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    quantization: tuple[str, ...]
+    gated_activations: tuple[str, ...]
+    non_gated_activations: tuple[str, ...]
+    activation_format: str
+    all2all_exclude: tuple[str, ...]
+    eplb: bool
+    lora: str
+    lora_conditions: tuple[Condition, ...]
+    lora_experts_class: str | None
+    batch_invariant: bool
+    max_experts: int | None
+    intermediate_multiple: int | None
+    hidden_multiple: int | None
+    bias: bool
+    lora_rank_multiple: int | None
+    packages: tuple[str, ...]
+    delegated: bool
+    origin: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "experts_class": self.experts_class,
+            "implementation": self.implementation,
+            "platforms": list(self.platforms),
+            "capability": {
+                "min": self.capability_min,
+                "max": self.capability_max,
+                "any_of": list(self.capability_any_of),
+            },
+            "dtypes": list(self.dtypes),
+            "quantization": list(self.quantization),
+            "activations": {
+                "gated": list(self.gated_activations),
+                "non_gated": list(self.non_gated_activations),
+            },
+            "activation_format": self.activation_format,
+            "parallel": {"all2all_exclude": list(self.all2all_exclude), "eplb": self.eplb},
+            "lora": self.lora,
+            "lora_experts_class": self.lora_experts_class,
+            "batch_invariant": self.batch_invariant,
+            "max_experts": self.max_experts,
+            "intermediate_multiple": self.intermediate_multiple,
+            "hidden_multiple": self.hidden_multiple,
+            "bias": self.bias,
+            "lora_rank_multiple": self.lora_rank_multiple,
+            "packages": list(self.packages),
+            "delegated": self.delegated,
+        }
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All backends, in catalog order, plus the implementations registered for them."""
+
+    backends: Mapping[str, BackendSpec]
+    implementations: Mapping[str, str]
+    sha256: str
+
+    def __iter__(self) -> Iterator[BackendSpec]:
+        return iter(self.backends.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.backends
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.backends)
+
+    def spec(self, name: str) -> BackendSpec:
+        try:
+            return self.backends[name]
+        except KeyError:
+            raise PolicyError(
+                f"unknown backend {name!r}{did_you_mean(name, self.backends)}"
+            ) from None
+
+    def implementation(self, name: str) -> str | None:
+        return self.implementations.get(name)
+
+    def load_experts_class(self, name: str) -> type:
+        """Import the experts class registered for ``name`` (imports torch)."""
+        target = self.implementations.get(name)
+        if target is None:
+            raise LookupError(
+                f"backend {name!r} has no experts implementation in this process "
+                f"(it is provided by an engine; install one or register it in the "
+                f"{ENTRY_POINT_GROUP!r} entry-point group)"
+            )
+        module_name, _, attr = target.partition(":")
+        module = importlib.import_module(module_name)
+        return getattr(module, attr)  # type: ignore[no-any-return]
+
+
+def _strs(
+    value: Any, where: str, field: str, allowed: tuple[str, ...] | None = None
+) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PolicyError(f"{field}: expected a list of names, got {value!r}", where)
+    if allowed is not None:
+        for item in value:
+            if item not in allowed:
+                raise PolicyError(
+                    f"{field}: unknown value {item!r}{did_you_mean(item, allowed)}", where
+                )
+    return tuple(value)
+
+
+def parse_catalog(loaded: LoadedYaml) -> Catalog:
+    """Validate a loaded catalog document; every problem names its file:line:col."""
+    data = loaded.data
+    if not isinstance(data, Mapping) or not isinstance(data.get("backends"), Mapping):
+        raise PolicyError("a catalog needs a `backends:` mapping", loaded.origin(()))
+    specs: dict[str, BackendSpec] = {}
+    for name, raw in data["backends"].items():
+        path = ("backends", name)
+        where = str(loaded.origin(path, at_key=True))
+        if not isinstance(raw, Mapping):
+            raise PolicyError(f"backend {name!r}: expected a mapping", where)
+        for key in raw:
+            if key not in BACKEND_KEYS:
+                raise PolicyError(
+                    f"backend {name!r}: unknown key {key!r}{did_you_mean(str(key), BACKEND_KEYS)}",
+                    loaded.origin((*path, key), at_key=True),
+                )
+        cap = raw.get("capability") or {}
+        acts = raw.get("activations") or {}
+        par = raw.get("parallel") or {}
+        lora = raw.get("lora") or {"supported": False}
+        lora_supported = str(lora.get("supported")).lower()
+        if lora_supported not in LORA_SUPPORT:
+            raise PolicyError(
+                f"backend {name!r}: lora.supported must be one of {', '.join(LORA_SUPPORT)}",
+                loaded.origin((*path, "lora", "supported")),
+            )
+        sink = ProblemSink(strict=True)
+        lora_conditions = parse_conditions(
+            lora.get("when"), loaded.origin, (*path, "lora", "when"), sink
+        )
+        fmt = raw.get("activation_format", "standard")
+        if fmt not in ("standard", "batched", "any"):
+            raise PolicyError(
+                f"backend {name!r}: activation_format must be standard, batched or any",
+                loaded.origin((*path, "activation_format")),
+            )
+        specs[name] = BackendSpec(
+            name=name,
+            description=str(raw.get("description", "")),
+            experts_class=raw.get("experts_class"),
+            implementation=raw.get("implementation"),
+            platforms=_strs(raw.get("platforms"), where, "platforms", PLATFORMS),
+            capability_min=cap.get("min"),
+            capability_max=cap.get("max"),
+            capability_any_of=tuple(str(c) for c in cap.get("any_of", ())),
+            dtypes=_strs(raw.get("dtypes"), where, "dtypes", DTYPES),
+            quantization=_strs(raw.get("quantization"), where, "quantization", QUANTIZATIONS),
+            gated_activations=_strs(acts.get("gated"), where, "activations.gated", ACTIVATIONS),
+            non_gated_activations=_strs(
+                acts.get("non_gated"), where, "activations.non_gated", ACTIVATIONS
+            ),
+            activation_format=fmt,
+            all2all_exclude=_strs(
+                par.get("all2all_exclude"), where, "parallel.all2all_exclude", ALL2ALL_KINDS
+            ),
+            eplb=bool(par.get("eplb", True)),
+            lora=lora_supported,
+            lora_conditions=lora_conditions,
+            lora_experts_class=lora.get("experts_class"),
+            batch_invariant=bool(raw.get("batch_invariant", False)),
+            max_experts=raw.get("max_experts"),
+            intermediate_multiple=raw.get("intermediate_multiple"),
+            hidden_multiple=raw.get("hidden_multiple"),
+            bias=bool(raw.get("bias", True)),
+            lora_rank_multiple=lora.get("rank_multiple"),
+            packages=_strs(raw.get("packages"), where, "packages"),
+            delegated=bool(raw.get("delegated", False)),
+            origin=where,
+        )
+    implementations = {s.name: s.implementation for s in specs.values() if s.implementation}
+    from moe_policy.core.decision import sha256_hex
+
+    return Catalog(specs, implementations, sha256_hex(loaded.text))
+
+
+def _entry_point_implementations(names: tuple[str, ...]) -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    found: dict[str, str] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in names:
+            raise PolicyError(
+                f"entry point {ep.name!r} ({ep.value}) names no catalog backend"
+                f"{did_you_mean(ep.name, names)}",
+                f"entry-point:{ENTRY_POINT_GROUP}",
+            )
+        found[ep.name] = ep.value
+    return found
+
+
+def check_registry(catalog: Catalog) -> list[str]:
+    """Problems between catalog and implementations, found without importing them.
+
+    Each built-in implementation's module must exist and define the named class.
+    """
+    problems = []
+    for name, target in catalog.implementations.items():
+        module_name, _, attr = target.partition(":")
+        if not attr:
+            problems.append(f"{name}: implementation {target!r} is not 'module:Class'")
+            continue
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or spec.origin is None:
+            problems.append(f"{name}: module {module_name!r} of {target!r} not found")
+            continue
+        if module_name.startswith("moe_policy."):
+            with open(spec.origin, encoding="utf-8") as handle:
+                source = handle.read()
+            if f"class {attr}(" not in source and f"class {attr}:" not in source:
+                problems.append(f"{name}: {module_name} defines no class {attr!r}")
+    return problems
+
+
+@lru_cache(maxsize=1)
+def load_catalog() -> Catalog:
+    """The built-in catalog (cached); registry drift is an error that names what is missing."""
+    loaded = load_yaml_file(
+        paths.BACKENDS_CATALOG, display_path=paths.BACKENDS_CATALOG_NAME, use_omegaconf=False
+    )
+    catalog = parse_catalog(loaded)
+    problems = check_registry(catalog)
+    if problems:
+        raise PolicyError(
+            "catalog and experts registry disagree: " + "; ".join(problems),
+            paths.BACKENDS_CATALOG_NAME,
+        )
+    return catalog
+
+
+def with_entry_points(catalog: Catalog) -> Catalog:
+    """The catalog plus third-party implementations from the entry-point group."""
+    extra = _entry_point_implementations(catalog.names)
+    if not extra:
+        return catalog
+    merged = {**catalog.implementations, **extra}
+    return Catalog(catalog.backends, merged, catalog.sha256)

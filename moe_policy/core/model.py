@@ -1,0 +1,340 @@
+"""MoE facts from a Hugging Face ``config.json`` (or a YAML file in the same keys).
+
+Each fact keeps the ``file:PATH:LINE:COL`` of the key it came from. A missing or
+contradictory field is a PolicyError naming the file and the keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_policy.core.origin import Origin
+from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
+from moe_policy.errors import PolicyError
+
+# Key variants, most specific first. A dotted name looks inside a nested mapping.
+EXPERT_KEYS = (
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "ffn_config.moe_num_experts",
+)
+TOP_K_KEYS = (
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "experts_per_token",
+    "moe_top_k",
+    "top_k",
+    "ffn_config.moe_top_k",
+)
+HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
+INTERMEDIATE_KEYS = (
+    "moe_intermediate_size",
+    "expert_intermediate_size",
+    "ffn_config.ffn_hidden_size",
+    "intermediate_size",
+)
+ACTIVATION_KEYS = (
+    "mlp_hidden_act",
+    "moe_hidden_act",
+    "hidden_act",
+    "hidden_activation",
+    "activation_function",
+    "ffn_config.ffn_act_fn.name",
+    "activation",
+)
+DTYPE_KEYS = ("torch_dtype", "dtype")
+SHARED_KEYS = ("n_shared_experts", "num_shared_experts")
+SHARED_SIZE_KEYS = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+
+_ACTIVATION_NAMES = {
+    "silu": "silu",
+    "swish": "silu",
+    "swiglu": "silu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "geglu": "gelu",
+    "relu2": "relu2",
+    "relu_squared": "relu2",
+    "squared_relu": "relu2",
+    "relu^2": "relu2",
+    "swigluoai": "swigluoai",
+    "swiglustep": "swiglustep",
+}
+_DTYPE_NAMES = {
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float": "fp32",
+}
+_QUANT_FAMILIES = {
+    "fp8": "fp8",
+    "fbgemm_fp8": "fp8",
+    "modelopt": "fp8",
+    "mxfp4": "mxfp4",
+    "modelopt_fp4": "nvfp4",
+    "nvfp4": "nvfp4",
+    "awq": "awq",
+    "gptq": "gptq",
+    "compressed-tensors": "compressed_tensors",
+    "compressed_tensors": "compressed_tensors",
+    "bitsandbytes": "int8",
+    "int8": "int8",
+    "int4": "int4",
+}
+#: Model types whose experts are non-gated whatever `hidden_act` says.
+_NON_GATED_TYPES = {"nemotron_h"}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """MoE facts of a model, as context entries ``model.*`` -> (value, origin)."""
+
+    path: str
+    facts: Mapping[str, tuple[Any, Origin]]
+
+    def value(self, key: str) -> Any:
+        return self.facts[key][0]
+
+
+def _doc_origin(loaded: LoadedYaml) -> Origin:
+    return loaded.fixed_origin or Origin.file(loaded.path)
+
+
+def _lookup(data: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+class _Reader:
+    """Finds key variants in a config (or its `text_config`) and remembers their marks."""
+
+    def __init__(self, loaded: LoadedYaml) -> None:
+        self.loaded = loaded
+        data = loaded.data if isinstance(loaded.data, Mapping) else {}
+        self.scopes: list[tuple[tuple[str, ...], Mapping[str, Any]]] = []
+        for nested in ("text_config", "llm_config", "language_config"):
+            sub = data.get(nested)
+            if isinstance(sub, Mapping):
+                self.scopes.append(((nested,), sub))
+        self.scopes.append(((), data))
+
+    def origin(self, prefix: tuple[str, ...], dotted: str) -> Origin:
+        return self.loaded.origin((*prefix, *dotted.split(".")))
+
+    def first(self, keys: tuple[str, ...]) -> tuple[str, Any, Origin] | None:
+        """The first variant present, searching nested text configs first."""
+        for prefix, scope in self.scopes:
+            for key in keys:
+                found, value = _lookup(scope, key)
+                if found and value is not None:
+                    name = ".".join((*prefix, key))
+                    return name, value, self.origin(prefix, key)
+        return None
+
+    def all_present(self, keys: tuple[str, ...]) -> list[tuple[str, Any, Origin]]:
+        hits = []
+        for prefix, scope in self.scopes:
+            for key in keys:
+                found, value = _lookup(scope, key)
+                if found and value is not None:
+                    hits.append((".".join((*prefix, key)), value, self.origin(prefix, key)))
+            if hits:
+                return hits
+        return hits
+
+
+def _int_field(
+    reader: _Reader, keys: tuple[str, ...], what: str, path: str, *, required: bool = True
+) -> tuple[int, Origin] | None:
+    hits = reader.all_present(keys)
+    if not hits:
+        if not required:
+            return None
+        raise PolicyError(
+            f"no {what}: expected one of {', '.join(keys)} (is this a MoE model config?)",
+            _doc_origin(reader.loaded),
+            key=keys[0],
+        )
+    values = {}
+    for name, value, origin in hits:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise PolicyError(
+                f"{name}: {what} must be a positive integer, got {value!r}", origin, key=name
+            )
+        values[name] = (value, origin)
+    distinct = {v for v, _ in values.values()}
+    if len(distinct) > 1:
+        listing = ", ".join(f"{name}={v} ({o})" for name, (v, o) in values.items())
+        raise PolicyError(f"contradictory {what}: {listing}", hits[0][2], key=hits[0][0])
+    name, value, origin = hits[0]
+    return value, origin
+
+
+def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
+    """Extract the ``model.*`` context facts from a parsed config document."""
+    path = loaded.path
+    if not isinstance(loaded.data, Mapping):
+        raise PolicyError("a model config must be a mapping of keys", _doc_origin(loaded))
+    reader = _Reader(loaded)
+    facts: dict[str, tuple[Any, Origin]] = {}
+
+    arch = reader.first(("architectures",))
+    if arch is not None:
+        value = arch[1][0] if isinstance(arch[1], list) and arch[1] else arch[1]
+        facts["model.architecture"] = (str(value), arch[2])
+    model_type_hit = reader.first(("model_type",))
+    model_type = str(model_type_hit[1]) if model_type_hit else ""
+
+    num_experts = _int_field(reader, EXPERT_KEYS, "expert count", path)
+    assert num_experts is not None
+    facts["model.num_experts"] = num_experts
+    top_k = _int_field(reader, TOP_K_KEYS, "top-k (experts per token)", path)
+    assert top_k is not None
+    facts["model.top_k"] = top_k
+    if top_k[0] > num_experts[0]:
+        raise PolicyError(
+            f"top-k {top_k[0]} exceeds the expert count {num_experts[0]}", top_k[1], key="top_k"
+        )
+    hidden = _int_field(reader, HIDDEN_KEYS, "hidden size", path)
+    assert hidden is not None
+    facts["model.hidden_size"] = hidden
+    inter_hit = reader.first(INTERMEDIATE_KEYS)
+    if inter_hit is None:
+        raise PolicyError(
+            f"no expert intermediate size: expected one of {', '.join(INTERMEDIATE_KEYS)}",
+            _doc_origin(loaded),
+            key=INTERMEDIATE_KEYS[0],
+        )
+    if isinstance(inter_hit[1], bool) or not isinstance(inter_hit[1], int) or inter_hit[1] <= 0:
+        raise PolicyError(
+            f"{inter_hit[0]}: must be a positive integer, got {inter_hit[1]!r}", inter_hit[2]
+        )
+    facts["model.intermediate_size"] = (inter_hit[1], inter_hit[2])
+
+    # Activation and gating.
+    act_hit = reader.first(ACTIVATION_KEYS)
+    limit_hit = reader.first(("swiglu_limit",))
+    if model_type == "gpt_oss" or limit_hit is not None:
+        origin = (limit_hit or model_type_hit or (None, None, _doc_origin(loaded)))[2]
+        facts["model.activation"] = ("swigluoai", origin)
+        facts["model.has_bias"] = (True, origin)
+    else:
+        if act_hit is None:
+            facts["model.activation"] = ("silu", Origin("default", "hf-default-silu"))
+        else:
+            raw = str(act_hit[1]).lower()
+            if raw not in _ACTIVATION_NAMES:
+                raise PolicyError(
+                    f"{act_hit[0]}: unknown activation {act_hit[1]!r} "
+                    f"(known: {', '.join(sorted(_ACTIVATION_NAMES))})",
+                    act_hit[2],
+                    key=act_hit[0],
+                )
+            facts["model.activation"] = (_ACTIVATION_NAMES[raw], act_hit[2])
+    activation = facts["model.activation"][0]
+    gated_hit = reader.first(("is_gated", "gated"))
+    if gated_hit is not None:
+        facts["model.gated"] = (bool(gated_hit[1]), gated_hit[2])
+    elif activation == "relu2" or model_type in _NON_GATED_TYPES:
+        facts["model.gated"] = (False, facts["model.activation"][1])
+    else:
+        facts["model.gated"] = (True, facts["model.activation"][1])
+    if activation == "relu2" and facts["model.gated"][0]:
+        raise PolicyError(
+            "relu2 experts are non-gated; `gated: true` contradicts it", facts["model.gated"][1]
+        )
+    if activation == "swigluoai" and not facts["model.gated"][0]:
+        raise PolicyError(
+            "swigluoai is gated; `gated: false` contradicts it", facts["model.gated"][1]
+        )
+
+    # Shared experts.
+    shared = reader.first(SHARED_KEYS)
+    if shared is not None:
+        facts["model.shared_experts"] = (int(shared[1]), shared[2])
+    else:
+        size = reader.first(SHARED_SIZE_KEYS)
+        count = 1 if size is not None and int(size[1]) > 0 else 0
+        facts["model.shared_experts"] = (count, size[2] if size else Origin("default"))
+
+    dtype = reader.first(DTYPE_KEYS)
+    if dtype is not None:
+        name = str(dtype[1]).lower().removeprefix("torch.")
+        if name not in _DTYPE_NAMES:
+            raise PolicyError(f"{dtype[0]}: unknown dtype {dtype[1]!r}", dtype[2], key=dtype[0])
+        facts["model.dtype"] = (_DTYPE_NAMES[name], dtype[2])
+    else:
+        facts["model.dtype"] = ("bf16", Origin("default"))
+
+    quant = reader.first(("quantization_config",))
+    if quant is None:
+        facts["model.quantization"] = ("none", Origin("default"))
+    else:
+        method = quant[1].get("quant_method") if isinstance(quant[1], Mapping) else None
+        family = _QUANT_FAMILIES.get(str(method).lower(), "other")
+        facts["model.quantization"] = (
+            family,
+            reader.loaded.origin(("quantization_config", "quant_method")),
+        )
+
+    facts["model.routing"] = _routing(reader, model_type, facts)
+    facts["model.router_weight_on_input"] = (
+        model_type in ("llama4", "llama4_text"),
+        model_type_hit[2] if model_type_hit else Origin("default"),
+    )
+    facts.setdefault("model.has_bias", (False, Origin("default")))
+    return ModelFacts(path, facts)
+
+
+def _routing(
+    reader: _Reader, model_type: str, facts: dict[str, tuple[Any, Origin]]
+) -> tuple[str, Origin]:
+    scoring = reader.first(("scoring_func",))
+    topk_method = reader.first(("topk_method",))
+    groups = reader.first(("n_group",))
+    if model_type in ("llama4", "llama4_text"):
+        return "llama4", reader.first(("model_type",))[2]  # type: ignore[index]
+    if topk_method is not None and str(topk_method[1]) == "noaux_tc":
+        return "deepseek_v3", topk_method[2]
+    if model_type == "nemotron_h" or (
+        groups is not None and scoring is not None and scoring[1] == "sigmoid"
+    ):
+        origin = (groups or scoring or reader.first(("model_type",)))[2]  # type: ignore[index]
+        return "deepseek_v3", origin
+    if scoring is not None and scoring[1] == "sigmoid":
+        return "sigmoid", scoring[2]
+    norm = reader.first(("norm_topk_prob",))
+    if norm is not None:
+        return ("renormalize" if norm[1] else "softmax"), norm[2]
+    return "renormalize", Origin("default")
+
+
+def model_facts_from_mapping(config: Mapping[str, Any], origin: Origin | None = None) -> ModelFacts:
+    """MoE facts from an in-memory config mapping (origin ``api:model`` by default)."""
+    import json
+
+    fixed = origin or Origin.api("model")
+    loaded = LoadedYaml(str(fixed), dict(config), {}, {}, json.dumps(config, default=str), fixed)
+    return model_facts_from_loaded(loaded)
+
+
+def load_model(path: str | Path) -> ModelFacts:
+    """Read a config.json / YAML model file into MoE facts."""
+    loaded = load_yaml_file(path, display_path=str(path), use_omegaconf=False)
+    return model_facts_from_loaded(loaded)

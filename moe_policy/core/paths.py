@@ -1,0 +1,14 @@
+"""Where the built-in configuration lives (``configs/`` in the repository and the wheel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+#: ``moe_policy/_configs`` links to the repository's ``configs/``; wheels carry a copy.
+CONFIG_DIR = PACKAGE_DIR / "_configs"
+DEFAULT_POLICY = CONFIG_DIR / "default.yaml"
+BACKENDS_CATALOG = CONFIG_DIR / "backends.yaml"
+#: How built-in files are named in origins and records (stable across installs).
+DEFAULT_POLICY_NAME = "configs/default.yaml"
+BACKENDS_CATALOG_NAME = "configs/backends.yaml"

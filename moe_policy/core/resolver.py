@@ -1,0 +1,156 @@
+"""Run the passes over a frozen context and build the Decision; cache by fingerprint.
+
+``Resolver.resolve`` is pure over its inputs: the catalog and settings it was built
+with and the SelectionContext it is given. No probing, no env or file reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from moe_policy._version import __version__
+from moe_policy.core.catalog import Catalog
+from moe_policy.core.context import CONTEXT_KEYS, SelectionContext
+from moe_policy.core.decision import (
+    Adaptation,
+    Decision,
+    Outcome,
+    Override,
+    Request,
+    RuleRecord,
+    Status,
+    canonical_json,
+    sha256_hex,
+)
+from moe_policy.core.passes import Pass, TraceEntry
+from moe_policy.core.passes.feasibility import ExtraCheck, FeasibilityPass, seed_candidates
+from moe_policy.core.passes.lora import LoRAPass
+from moe_policy.core.passes.policy_rules import RulesPass
+from moe_policy.core.passes.ranking import ranking_pass
+from moe_policy.core.passes.request import request_pass
+
+if TYPE_CHECKING:
+    from moe_policy.settings import Settings
+
+#: Settings a Decision carries for what happens after it (agreement check, audit).
+RUN_SETTINGS = ("consistency", "audit.path", "audit.required")
+
+PassBuilder = Callable[[Catalog, "Settings", Mapping[str, ExtraCheck]], Pass]
+
+#: The selection algorithm, in order. Adding a pass = one module + one entry here.
+PIPELINE: tuple[tuple[str, PassBuilder], ...] = (
+    ("feasibility", lambda catalog, _settings, extra: FeasibilityPass(catalog, extra)),
+    ("lora", lambda catalog, _settings, _extra: LoRAPass(catalog)),
+    ("policy_rules", lambda _catalog, settings, _extra: RulesPass(settings.rules)),
+    ("request", lambda _catalog, _settings, _extra: request_pass),
+    ("ranking", lambda _catalog, _settings, _extra: ranking_pass),
+)
+
+
+class Resolver:
+    """Decides backends for contexts under one catalog and one set of settings."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        settings: Settings,
+        extra_checks: Mapping[str, ExtraCheck] | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.settings = settings
+        extra = dict(extra_checks or {})
+        self.passes: tuple[Pass, ...] = tuple(
+            build(catalog, settings, extra) for _, build in PIPELINE
+        )
+        self.policy_digest = settings.policy_digest()
+        #: Rank-local keys enter the fingerprint only when a rule decides on them.
+        ruled = {key for rule in settings.rules for key in rule.keys}
+        self.excluded_keys = frozenset(
+            key for key, spec in CONTEXT_KEYS.items() if spec.rank_local and key not in ruled
+        )
+        self.run_settings = {
+            key: (settings.values[key].value, settings.values[key].origin)
+            for key in RUN_SETTINGS
+            if key in settings.values
+        }
+        self._cache: dict[str, Decision] = {}
+        self.resolutions = 0
+
+    def fingerprint(self, ctx: SelectionContext) -> str:
+        """sha256 over what decides: context values, request, mode, policy, version."""
+        decisive: dict[str, Any] = {
+            "context": {k: v for k, v in ctx.values.items() if k not in self.excluded_keys},
+            "request": ctx.request.backend if ctx.request else None,
+            "mode": ctx.mode,
+            "policy": self.policy_digest,
+            "catalog": self.catalog.sha256,
+            "library_version": __version__,
+        }
+        return sha256_hex(canonical_json(decisive))
+
+    def resolve(self, ctx: SelectionContext) -> Decision:
+        """The decision for ``ctx`` (a cached one relabelled when the signature repeats)."""
+        fingerprint = self.fingerprint(ctx)
+        cached = self._cache.get(fingerprint)
+        if cached is not None:
+            return cached.for_layer(
+                ctx.get("layer.index"), ctx.origins.get("layer.index", "default")
+            )
+        decision = self._run(ctx, fingerprint)
+        self._cache[fingerprint] = decision
+        return decision
+
+    def _run(self, ctx: SelectionContext, fingerprint: str) -> Decision:
+        self.resolutions += 1
+        candidates = seed_candidates(
+            self.catalog, ctx, self.settings.priority(str(ctx.get("platform")))
+        )
+        trace: list[TraceEntry] = []
+        for run_pass in self.passes:
+            candidates, entries = run_pass(ctx, candidates)
+            trace.extend(entries)
+        selected = next((c for c in candidates if c.status is Status.SELECTED), None)
+        backend = selected.backend if selected else None
+        overrides = tuple(replace(t, selected=backend) for t in trace if isinstance(t, Override))
+        adaptations = [t for t in trace if isinstance(t, Adaptation)]
+        request: Request | None = ctx.request
+        if request is not None and adaptations:
+            request = replace(
+                request, adapted_from=request.backend, backend=adaptations[0].adapted_to
+            )
+        if request is None:
+            outcome = Outcome.AUTO
+        elif overrides or backend != request.backend:
+            outcome = Outcome.OVERRIDDEN
+        else:
+            outcome = Outcome.HONORED
+        experts_class = None
+        if backend is not None:
+            spec = self.catalog.spec(backend)
+            experts_class = spec.experts_class
+            if ctx.get("lora.enabled") and spec.lora == "conditional" and spec.lora_experts_class:
+                experts_class = spec.lora_experts_class
+        return Decision(
+            fingerprint=fingerprint,
+            backend=backend,
+            experts_class=experts_class,
+            implemented_here=backend is not None
+            and self.catalog.implementation(backend) is not None,
+            activation_format=ctx.format,
+            outcome=outcome,
+            requested=request,
+            overrides=overrides,
+            candidates=candidates,
+            rules=tuple(t for t in trace if isinstance(t, RuleRecord)),
+            adaptations=tuple(adaptations),
+            context=ctx.items_with_origin(),
+            policy_files=tuple((f.path, f.sha256 or "") for f in self.settings.files if f.found),
+            mode=ctx.mode,
+            library_version=__version__,
+            layer_kind=str(ctx.get("layer.kind") or "moe"),
+            layer_index=ctx.get("layer.index"),
+            notices=self.settings.notices,
+            run_settings=self.run_settings,
+        )

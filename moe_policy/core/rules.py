@@ -1,0 +1,309 @@
+"""Policy rules: ``when`` conditions over the context and an effect on backends.
+
+A rule reads::
+
+    - id: hopper-demotes-flashinfer
+      when: {platform: cuda, device.capability: {ge: "9.0", lt: "10.0"}}
+      effect: demote            # forbid | require (hard) | prefer | demote (order)
+      backends: [flashinfer_trtllm, flashinfer_cutlass]
+      reason: FlashInfer is slower than Triton on SM90.
+      action: enforce           # enforce | audit (record what it would have done)
+
+A condition value is a scalar (equality), a list (any of) or a mapping of operators:
+``eq ne in not_in gt ge lt le multiple_of not_multiple_of exists``. Every condition
+must hold. A condition on a key whose value is unknown (None) does not hold, and the
+key is reported as missing context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_policy.core.context import CONTEXT_KEYS, coerce_value, parse_capability
+from moe_policy.core.origin import Origin
+from moe_policy.errors import PolicyError, did_you_mean
+
+EFFECTS = ("forbid", "require", "prefer", "demote")
+HARD_EFFECTS = frozenset({"forbid", "require"})
+ACTIONS = ("enforce", "audit")
+OPERATORS = (
+    "eq",
+    "ne",
+    "in",
+    "not_in",
+    "gt",
+    "ge",
+    "lt",
+    "le",
+    "multiple_of",
+    "not_multiple_of",
+    "exists",
+)
+RULE_KEYS = ("id", "when", "effect", "backends", "reason", "action", "link")
+
+
+@dataclass(frozen=True)
+class Condition:
+    key: str
+    op: str
+    operand: Any
+
+    def test(self, value: Any) -> bool:
+        """Whether ``value`` (already normalised for the key) satisfies the condition."""
+        if self.op == "exists":
+            return (value is not None) == bool(self.operand)
+        if value is None:
+            return False
+        if isinstance(value, tuple):  # a list key (packages): membership tests
+            if self.op == "eq":
+                return bool(self.operand in value)
+            if self.op == "ne":
+                return bool(self.operand not in value)
+            hit = any(item in value for item in self.operand)
+            return hit if self.op == "in" else not hit
+        if self.op == "eq":
+            return bool(value == self.operand)
+        if self.op == "ne":
+            return bool(value != self.operand)
+        if self.op == "in":
+            return bool(value in self.operand)
+        if self.op == "not_in":
+            return bool(value not in self.operand)
+        if self.op in ("multiple_of", "not_multiple_of"):
+            divisible = int(value) % int(self.operand) == 0
+            return divisible if self.op == "multiple_of" else not divisible
+        left = _ordered(self.key, value)
+        right = _ordered(self.key, self.operand)
+        return bool(
+            {
+                "gt": left > right,
+                "ge": left >= right,
+                "lt": left < right,
+                "le": left <= right,
+            }[self.op]
+        )
+
+
+def _ordered(key: str, value: Any) -> Any:
+    spec = CONTEXT_KEYS.get(key)
+    if spec is not None and spec.type == "capability":
+        return parse_capability(value)
+    return value
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validated rule; ``origin`` is where it was written (file:line:col or env:NAME)."""
+
+    id: str
+    effect: str
+    backends: tuple[str, ...]
+    conditions: tuple[Condition, ...]
+    reason: str
+    origin: str
+    action: str = "enforce"
+    link: str | None = None
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(c.key for c in self.conditions)
+
+    def evaluate(self, values: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+        """``(matched, missing context keys)`` for a context's values."""
+        missing = tuple(
+            sorted(
+                {c.key for c in self.conditions if c.op != "exists" and values.get(c.key) is None}
+            )
+        )
+        matched = not missing and all(c.test(values.get(c.key)) for c in self.conditions)
+        return matched, missing
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A defect in a policy document: severity, code, message and location."""
+
+    severity: str  # error | warning
+    code: str
+    message: str
+    origin: str
+
+    def as_error(self) -> PolicyError:
+        return PolicyError(self.message, self.origin)
+
+
+@dataclass
+class ProblemSink:
+    """Collects problems; ``strict`` raises the first error at once (loading), else keeps all (lint)."""
+
+    strict: bool = True
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, severity: str, code: str, message: str, origin: Origin | str) -> None:
+        problem = Problem(severity, code, message, str(origin))
+        if self.strict and severity == "error":
+            raise problem.as_error()
+        self.problems.append(problem)
+
+
+#: ``origin_at(keypath, at_key=False)``: file:line:col of a value (or of its key).
+OriginAt = Callable[..., Origin]
+
+
+def parse_conditions(
+    when: Any, origin_at: OriginAt, path: tuple[Any, ...], sink: ProblemSink
+) -> tuple[Condition, ...]:
+    """Validate a ``when`` mapping into conditions (operands normalised for their key)."""
+    if when is None:
+        return ()
+    if not isinstance(when, Mapping):
+        sink.add(
+            "error",
+            "invalid-type",
+            f"when: expected a mapping of context keys, got {when!r}",
+            origin_at(path),
+        )
+        return ()
+    conditions: list[Condition] = []
+    for key, spec in when.items():
+        where = origin_at((*path, key))
+        if key not in CONTEXT_KEYS:
+            sink.add(
+                "error",
+                "unknown-context-key",
+                f"condition on unknown context key {key!r}{did_you_mean(key, CONTEXT_KEYS)}",
+                origin_at((*path, key), at_key=True),
+            )
+            continue
+        if isinstance(spec, Mapping):
+            for op, operand in spec.items():
+                if op not in OPERATORS:
+                    sink.add(
+                        "error",
+                        "unknown-operator",
+                        f"{key}: unknown operator {op!r}{did_you_mean(op, OPERATORS)} "
+                        f"(expected one of {', '.join(OPERATORS)})",
+                        origin_at((*path, key, op), at_key=True),
+                    )
+                    continue
+                cond = _make_condition(key, op, operand, origin_at((*path, key, op)), sink)
+                if cond is not None:
+                    conditions.append(cond)
+        elif isinstance(spec, list):
+            cond = _make_condition(key, "in", spec, where, sink)
+            if cond is not None:
+                conditions.append(cond)
+        else:
+            cond = _make_condition(key, "eq", spec, where, sink)
+            if cond is not None:
+                conditions.append(cond)
+    return tuple(conditions)
+
+
+def _make_condition(
+    key: str, op: str, operand: Any, origin: Origin, sink: ProblemSink
+) -> Condition | None:
+    try:
+        if op == "exists":
+            return Condition(key, op, bool(operand))
+        if op in ("multiple_of", "not_multiple_of"):
+            if isinstance(operand, bool) or not isinstance(operand, int) or operand <= 0:
+                raise PolicyError(f"{key}: {op} needs a positive integer, got {operand!r}", origin)
+            return Condition(key, op, operand)
+        if op in ("in", "not_in"):
+            if not isinstance(operand, (list, tuple)):
+                raise PolicyError(f"{key}: {op} needs a list, got {operand!r}", origin)
+            if CONTEXT_KEYS[key].type == "list":
+                return Condition(key, op, tuple(str(v) for v in operand))
+            values = tuple(coerce_value(key, v, origin) for v in operand)
+            return Condition(key, op, values)
+        if CONTEXT_KEYS[key].type == "list":
+            # `packages: flashinfer` means "flashinfer is among the packages".
+            if op not in ("eq", "ne"):
+                raise PolicyError(f"{key}: a list key takes eq/ne/in/not_in, not {op}", origin)
+            return Condition(key, op, str(operand))
+        return Condition(key, op, coerce_value(key, operand, origin))
+    except PolicyError as exc:
+        sink.add("error", exc.code, exc.message, origin)
+        return None
+
+
+def parse_rule(
+    raw: Any,
+    origin_at: OriginAt,
+    path: tuple[Any, ...],
+    backend_names: Iterable[str],
+    sink: ProblemSink,
+) -> Rule | None:
+    """Validate one rule mapping; problems go to ``sink`` with their file:line:col."""
+    names = tuple(backend_names)
+    here = origin_at(path)
+    if not isinstance(raw, Mapping):
+        sink.add("error", "invalid-type", f"a rule must be a mapping, got {raw!r}", here)
+        return None
+    for key in raw:
+        if key not in RULE_KEYS:
+            sink.add(
+                "error",
+                "unknown-key",
+                f"unknown rule key {key!r}{did_you_mean(str(key), RULE_KEYS)} "
+                f"(expected {', '.join(RULE_KEYS)})",
+                origin_at((*path, key), at_key=True),
+            )
+    rule_id = raw.get("id")
+    if not isinstance(rule_id, str) or not rule_id.strip():
+        sink.add("error", "missing-field", "rule needs an `id` (a non-empty string)", here)
+        rule_id = f"<rule at {here}>"
+    effect = raw.get("effect")
+    action = raw.get("action", "enforce")
+    for field_name, value, choices in (("effect", effect, EFFECTS), ("action", action, ACTIONS)):
+        if value not in choices:
+            sink.add(
+                "error",
+                "invalid-value",
+                f"rule {rule_id}: {field_name} must be one of {', '.join(choices)}, got {value!r}"
+                f"{did_you_mean(str(value), choices)}",
+                origin_at((*path, field_name)),
+            )
+    backends_raw = raw.get("backends")
+    backends: list[str] = []
+    if not isinstance(backends_raw, list) or not backends_raw:
+        sink.add(
+            "error",
+            "missing-field",
+            f"rule {rule_id}: `backends` must be a non-empty list",
+            origin_at((*path, "backends")),
+        )
+    else:
+        for index, name in enumerate(backends_raw):
+            if name not in names:
+                sink.add(
+                    "error",
+                    "unknown-backend",
+                    f"rule {rule_id}: unknown backend {name!r}{did_you_mean(str(name), names)}",
+                    origin_at((*path, "backends", index)),
+                )
+            else:
+                backends.append(name)
+    reason = raw.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        sink.add(
+            "error", "missing-field", f"rule {rule_id}: `reason` must be a non-empty string", here
+        )
+        reason = ""
+    link = raw.get("link")
+    conditions = parse_conditions(raw.get("when"), origin_at, (*path, "when"), sink)
+    if effect not in EFFECTS or action not in ACTIONS:
+        return None
+    return Rule(
+        id=rule_id,
+        effect=effect,
+        backends=tuple(backends),
+        conditions=conditions,
+        reason=reason,
+        origin=str(here),
+        action=action,
+        link=str(link) if link is not None else None,
+    )

@@ -1,0 +1,508 @@
+"""Token/expert alignment on the GPU for the Triton fused-MoE kernels.
+
+Math. ``topk_ids`` ``[T, k]`` is read as ``numel = T*k`` (token, slot) pairs; pair ``i``
+belongs to token ``i // k`` and expert ``e_i = topk_ids.flat[i]``. The pairs are grouped by
+expert and each expert's group is padded up to a multiple of ``BLOCK_M``::
+
+    padded[e]      = ceil(count[e] / BLOCK_M) * BLOCK_M
+    start[e]       = sum_{e' < e} padded[e']
+    sorted_ids[start[e] + rank_i] = i            # rank_i: place of pair i inside its expert
+    sorted_ids[start[e] + count[e] + j] = numel  # sentinel padding, j < padded[e] - count[e]
+    expert_ids[b]  = e  for every block b inside [start[e], start[e] + padded[e]) / BLOCK_M
+    num_padded     = sum_e padded[e]
+    block_rows[b]  = ustart[e] + b*BLOCK_M - start[e]   # ustart[e] = sum_{e' < e} count[e']
+
+``block_rows`` places each block in the *unpadded* expert-sorted order: row ``block_rows[b] + r``
+holds the pair ``sorted_ids[b*BLOCK_M + r]`` for the block's real rows. GEMM 1 writes its output
+there and GEMM 2 reads contiguous tiles of it (a TMA box may run into the next expert's rows;
+those results are masked on store), so the intermediate needs ``numel`` rows, not ``num_padded``.
+
+Layout of the outputs (all int32, sizes static so that no host synchronisation is needed):
+``sorted_ids [max_blocks * BLOCK_M]``, ``expert_ids [max_blocks]`` (``-1`` past
+``num_padded``), ``num_padded [1]``, ``block_rows [max_blocks]``, with ``max_blocks = min(numel, floor(numel/BLOCK_M) + E)``,
+an upper bound of ``sum_e ceil(count[e]/BLOCK_M)``. Entries past ``num_padded`` are unspecified.
+
+Adapter order (``adapter_order=(token -> LoRA slot, enabled)``, used by the LoRA path when
+experts span several blocks): inside each expert, pairs with no enabled adapter come first,
+then the pairs of slot 0, 1, ... (keys ``expert * SUB + slot + 1``, ``SUB`` a power of two
+above the slot count), so a block holds few adapters. Counts, blocks, padding and
+``block_rows`` are those of the plain alignment.
+
+Limits. Pairs whose expert id is outside ``[0, E)`` (experts on another rank) are dropped.
+The order of pairs inside one expert (or one adapter key) is not stable (GPU atomics hand
+out the ranks); whole-K tiles treat rows independently, so their results do not depend on
+it. ``stable=True`` (at most ``STABLE_MAX_BINS - 1`` experts, no adapter order) keeps the
+pairs' own order instead: each chunk's counts are kept and every pair's rank comes from a
+cumulative sum, so a GEMM that splits some tiles along K (stream-K tails) gives the same
+bits on every run. ``E`` up to 1024; adapter order only while ``E`` bins times ``SUB`` stay
+within ``MAX_SORT_KEYS``.
+Small problems (``numel <= FUSED_MAX``) use one program of one kernel; larger ones use a
+zero-filled counter buffer, a counting kernel, an offsets kernel (a few programs, each
+recomputing the prefix sums and writing every expert's j-th block for its share of j) and a
+scatter kernel, whose per-pair atomics take rows from one cursor per key, each on its own
+128-byte line while they take at most 32 KB (``cursor_step``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from moe_policy.experts.triton.workspace import Alloc, fresh
+
+#: Largest ``numel`` handled by the single-program kernel.
+FUSED_MAX = 1024
+#: Pairs per program in the multi-program path (a stable alignment: _STABLE_CHUNK, as each
+#: program ranks its pairs with a [chunk, bins] cumulative sum).
+_CHUNK = 1024
+_STABLE_CHUNK = 256
+#: Blocks per step when ``-1`` is written past the end of ``expert_ids``.
+_BLOCK_CHUNK = 64
+#: int32 elements between neighbouring keys' cursors in the multi-program path: one 128-byte
+#: line each, so the scatter's per-pair atomics spread over L2 instead of queueing on the few
+#: lines a packed array takes (H200, 128 experts: the alignment 22.1 -> 13.3 us at 65536
+#: pairs, 15.8 -> 11.6 at 32768; ``results/ab_align_cursor_lines_h200.txt``) ...
+CURSOR_STEP = 32
+#: ... within this many bytes for all cursors (closer together beyond: 2048 adapter-ordered
+#: keys get 16 bytes each), so that they stay a small part of the output they are carved from.
+CURSOR_BYTES = 32768
+#: Programs of the multi-program offsets kernel.
+_OFFSET_PROGRAMS = 8
+#: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
+MAX_SORT_KEYS = 4096
+#: Most bins (experts + 1, to a power of two) of a stable alignment (its ranks come from a
+#: [chunk, bins] cumulative sum per program).
+STABLE_MAX_BINS = 32
+
+
+def cursor_step(num_keys: int) -> int:
+    """int32 elements between neighbouring cursors of ``num_keys`` keys (``CURSOR_STEP`` and
+    ``CURSOR_BYTES``)."""
+    return max(1, min(CURSOR_STEP, CURSOR_BYTES // (4 * num_keys)))
+
+
+class AlignedRouting(NamedTuple):
+    """Output of :func:`moe_align` (see the module docstring)."""
+
+    sorted_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    num_padded: torch.Tensor
+    block_rows: torch.Tensor
+    block_m: int
+    max_blocks: int
+
+
+def stable_supported(num_experts: int) -> bool:
+    """Whether ``moe_align(..., stable=True)`` takes this many experts."""
+    return triton.next_power_of_2(num_experts + 1) <= STABLE_MAX_BINS
+
+
+def max_blocks_for(numel: int, num_experts: int, block_m: int) -> int:
+    """Static upper bound on the number of non-empty ``block_m`` blocks."""
+    return max(1, min(numel, numel // block_m + num_experts))
+
+
+@triton.jit
+def _offsets_and_blocks(
+    counts,
+    bins,
+    prog,
+    num_progs,
+    # pointers
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    block_rows_ptr,
+    cursor_ptr,
+    # sizes
+    numel,
+    num_experts,
+    max_blocks,
+    # constexpr
+    BLOCK_M: tl.constexpr,
+    BLOCK_CHUNK: tl.constexpr,
+    WRITE_CURSOR: tl.constexpr,
+    SENT_COLS: tl.constexpr = 16,
+    CURSOR_STEP: tl.constexpr = 1,
+):
+    """From per-expert counts: expert_ids and block_rows, written expert-parallel (step ``j``
+    writes block ``j`` of every expert that has one; program ``prog`` of ``num_progs`` takes
+    every ``num_progs``-th step), ``-1`` for blocks past the end and the sentinel padding (also
+    shared by step); program 0 also writes num_padded and, with WRITE_CURSOR, the cursor (start
+    row of each expert). Returns the first block of each expert."""
+    # block counts per expert and their exclusive prefix sums (bins >= num_experts hold
+    # dropped pairs); every program recomputes them, a few hundred bins
+    valid = bins < num_experts
+    real = tl.where(valid, counts, 0)
+    nblk = (real + BLOCK_M - 1) // BLOCK_M
+    bstart = tl.cumsum(nblk, 0) - nblk
+    ustart = tl.cumsum(real, 0) - real
+    total = tl.sum(nblk, 0)
+    if prog == 0:
+        tl.store(num_padded_ptr, total * BLOCK_M)
+        if WRITE_CURSOR:
+            tl.store(cursor_ptr + bins * CURSOR_STEP, bstart * BLOCK_M, mask=valid)
+    # sentinels after each expert's pairs, SENT_COLS padding rows per step (a [bins, BLOCK_M]
+    # tile would not fit in registers for BLOCK_M = 128)
+    pad_start = bstart * BLOCK_M + real
+    pad_len = tl.where(valid, nblk * BLOCK_M - real, 0)
+    for j0 in range(prog * SENT_COLS, BLOCK_M, num_progs * SENT_COLS):
+        offs_j = j0 + tl.arange(0, SENT_COLS)
+        pad_mask = offs_j[None, :] < pad_len[:, None]
+        tl.store(sorted_ids_ptr + pad_start[:, None] + offs_j[None, :], numel, mask=pad_mask)
+    for j in range(prog, tl.max(nblk, 0), num_progs):
+        has = valid & (j < nblk)
+        tl.store(expert_ids_ptr + bstart + j, bins, mask=has)
+        tl.store(block_rows_ptr + bstart + j, ustart + j * BLOCK_M, mask=has)
+    for b0 in range(total + prog * BLOCK_CHUNK, max_blocks, num_progs * BLOCK_CHUNK):
+        offs_b = b0 + tl.arange(0, BLOCK_CHUNK)
+        tl.store(expert_ids_ptr + offs_b, -1, mask=offs_b < max_blocks)
+    return bstart
+
+
+@triton.jit
+def _pair_keys(
+    offs,
+    # pointers
+    topk_ids_ptr,
+    lora_map_ptr,
+    lora_enabled_ptr,
+    # sizes
+    numel,
+    num_experts,
+    num_slots,
+    # constexpr
+    TOP_K: tl.constexpr,
+    SUB: tl.constexpr,
+):
+    """(whether each pair is kept, its sort key): ``expert * SUB + s`` with ``s`` = 0 for no
+    adapter (slot -1, outside [0, num_slots) or disabled) and ``slot + 1`` otherwise (SUB = 1:
+    the expert alone); dropped or out-of-range pairs get key ``num_experts * SUB``."""
+    in_range = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
+    keep = in_range & (ids >= 0) & (ids < num_experts)
+    ids = tl.where(keep, ids, num_experts)
+    if SUB > 1:
+        slot = tl.load(lora_map_ptr + offs // TOP_K, mask=keep, other=-1)
+        on = tl.load(lora_enabled_ptr + slot, mask=(slot >= 0) & (slot < num_slots), other=0)
+        key = ids * SUB + tl.where(on != 0, slot + 1, 0)  # slot + 1 <= num_slots < SUB
+    else:
+        key = ids
+    return keep, key
+
+
+@triton.jit
+def _stable_ranks(key, NUM_BINS: tl.constexpr):
+    """Place of each pair among the earlier pairs of its key in this chunk ([CHUNK] int32): a
+    cumulative sum over one-hot rows, so the order is the pairs' own (stable, no atomics);
+    and the one-hot rows ([CHUNK, NUM_BINS] int32)."""
+    onehot = (key[:, None] == tl.arange(0, NUM_BINS)[None, :]).to(tl.int32)
+    before = tl.cumsum(onehot, 0) - onehot
+    return tl.sum(before * onehot, 1), onehot
+
+
+@triton.jit
+def _sub_cursors(
+    sub_counts,  # [NUM_BINS * SUB] pairs per (expert, adapter key)
+    bstart,  # [NUM_BINS] first block of each expert
+    # pointers
+    cursor_ptr,  # [NUM_BINS * SUB] out
+    # sizes
+    num_experts,
+    # constexpr
+    NUM_BINS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    SUB: tl.constexpr,
+    CURSOR_STEP: tl.constexpr = 1,
+):
+    """cursor[e * SUB + s] = first row of expert e + pairs of e with a smaller adapter key."""
+    sub2 = tl.reshape(sub_counts, (NUM_BINS, SUB))
+    start = bstart[:, None] * BLOCK_M + tl.cumsum(sub2, 1) - sub2
+    keys = tl.arange(0, NUM_BINS)[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    tl.store(cursor_ptr + keys * CURSOR_STEP, start, mask=keys < num_experts * SUB)
+
+
+@triton.jit(do_not_specialize=["num_slots"])
+def _align_fused_kernel(
+    # pointers
+    topk_ids_ptr,  # [numel] expert of each pair
+    lora_map_ptr,  # [T] adapter slot per token (SUB > 1)
+    lora_enabled_ptr,  # [L] (SUB > 1)
+    sorted_ids_ptr,  # [max_blocks * BLOCK_M] out
+    expert_ids_ptr,  # [max_blocks] out
+    num_padded_ptr,  # [1] out
+    block_rows_ptr,  # [max_blocks] out
+    cursor_ptr,  # [NUM_BINS * SUB] scratch
+    # sizes
+    numel,
+    num_experts,
+    max_blocks,
+    num_slots,  # adapter slots (SUB > 1)
+    # constexpr
+    TOP_K: tl.constexpr,
+    SUB: tl.constexpr,  # 1, or a power of two > adapter slots: pairs ordered by slot in an expert
+    BLOCK_M: tl.constexpr,
+    NUM_BINS: tl.constexpr,  # power of two > num_experts; the last bins take dropped pairs
+    CHUNK: tl.constexpr,  # power of two >= numel
+    BLOCK_CHUNK: tl.constexpr,
+    STABLE: tl.constexpr = False,  # pairs keep their order inside an expert (SUB == 1)
+):
+    """Whole alignment in one program (numel <= CHUNK)."""
+    # load the pairs and their keys; dropped or out-of-range pairs go to bin num_experts
+    offs = tl.arange(0, CHUNK)
+    keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
+                           num_experts, num_slots, TOP_K, SUB)  # fmt: skip
+    bins = tl.arange(0, NUM_BINS)
+    sub_counts = tl.histogram(key, NUM_BINS * SUB)
+    counts = tl.sum(tl.reshape(sub_counts, (NUM_BINS, SUB)), 1)  # per expert
+    # offsets, padding, expert ids; cursor[key] = first free row of the key
+    bstart = _offsets_and_blocks(
+        counts, bins, 0, 1,
+        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
+    )  # fmt: skip
+    if SUB > 1:
+        _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
+    tl.debug_barrier()
+    # each pair takes the next free row of its key (STABLE: its place in pair order)
+    if STABLE:
+        rank, _ = _stable_ranks(key, NUM_BINS)
+        pos = tl.load(cursor_ptr + key, mask=keep, other=0) + rank
+    else:
+        pos = tl.atomic_add(cursor_ptr + key, 1, mask=keep, sem="relaxed")
+    tl.store(sorted_ids_ptr + pos, offs, mask=keep)
+
+
+@triton.jit(do_not_specialize=["num_slots"])
+def _align_count_kernel(
+    # pointers
+    topk_ids_ptr,  # [numel]
+    lora_map_ptr,
+    lora_enabled_ptr,
+    counts_ptr,  # [NUM_BINS * SUB] zero-filled, accumulated with atomics
+    chunk_counts_ptr,  # STABLE: [chunks, NUM_BINS] out, each chunk's counts
+    # sizes
+    numel,
+    num_experts,
+    num_slots,
+    # constexpr
+    TOP_K: tl.constexpr,
+    SUB: tl.constexpr,
+    NUM_BINS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    STABLE: tl.constexpr = False,
+):
+    """Pair counts per key (expert, or expert and adapter) of one chunk, added into counts
+    (STABLE: also kept per chunk)."""
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    _keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
+                            num_experts, num_slots, TOP_K, SUB)  # fmt: skip
+    hist = tl.histogram(key, NUM_BINS * SUB)
+    if STABLE:
+        bins = tl.arange(0, NUM_BINS)
+        tl.store(chunk_counts_ptr + tl.program_id(0) * NUM_BINS + bins, hist)
+    # accumulate real experts only
+    keys = tl.arange(0, NUM_BINS * SUB)
+    tl.atomic_add(counts_ptr + keys, hist, mask=(keys < num_experts * SUB) & (hist > 0),
+                  sem="relaxed")  # fmt: skip
+
+
+@triton.jit
+def _align_offsets_kernel(
+    # pointers
+    counts_ptr,  # [NUM_BINS * SUB] counts per key
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    block_rows_ptr,
+    cursor_ptr,  # [NUM_BINS * SUB] out: first row of each key
+    # sizes
+    numel,
+    num_experts,
+    max_blocks,
+    # constexpr
+    SUB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    NUM_BINS: tl.constexpr,
+    BLOCK_CHUNK: tl.constexpr,
+    CURSOR_STEP: tl.constexpr = 1,
+):
+    """Expert ids and block rows from the counts, steps shared by the programs; program 0
+    also writes num_padded, the cursor and the sentinels."""
+    bins = tl.arange(0, NUM_BINS)
+    keys = tl.arange(0, NUM_BINS * SUB)
+    sub_counts = tl.load(counts_ptr + keys, mask=keys < num_experts * SUB, other=0)
+    counts = tl.sum(tl.reshape(sub_counts, (NUM_BINS, SUB)), 1)  # per expert
+    prog = tl.program_id(0)
+    bstart = _offsets_and_blocks(
+        counts, bins, prog, tl.num_programs(0),
+        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1, CURSOR_STEP=CURSOR_STEP,
+    )  # fmt: skip
+    if SUB > 1 and prog == 0:
+        _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB,
+                     CURSOR_STEP)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["num_slots"])
+def _align_scatter_kernel(
+    # pointers
+    topk_ids_ptr,  # [numel]
+    lora_map_ptr,
+    lora_enabled_ptr,
+    sorted_ids_ptr,  # [max_blocks * BLOCK_M] out
+    cursor_ptr,  # [NUM_BINS * SUB] next free row per key (STABLE: first row, read only)
+    chunk_counts_ptr,  # STABLE: [chunks, NUM_BINS] pairs per chunk and expert
+    # sizes
+    numel,
+    num_experts,
+    num_slots,
+    # constexpr
+    TOP_K: tl.constexpr,
+    SUB: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NUM_BINS: tl.constexpr = 1,
+    STABLE: tl.constexpr = False,
+    CURSOR_STEP: tl.constexpr = 1,
+):
+    """Each pair of one chunk takes the next free row of its key (STABLE: the row after the
+    expert's pairs of earlier chunks and earlier in this chunk)."""
+    chunk = tl.program_id(0)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
+                           num_experts, num_slots, TOP_K, SUB)  # fmt: skip
+    if STABLE:
+        bins = tl.arange(0, NUM_BINS)
+        before = tl.zeros((NUM_BINS,), dtype=tl.int32)
+        for c in range(0, chunk):
+            before += tl.load(chunk_counts_ptr + c * NUM_BINS + bins)
+        rank, onehot = _stable_ranks(key, NUM_BINS)
+        base = tl.sum(onehot * before[None, :], 1)
+        pos = tl.load(cursor_ptr + key * CURSOR_STEP, mask=keep, other=0) + base + rank
+    else:
+        pos = tl.atomic_add(cursor_ptr + key * CURSOR_STEP, 1, mask=keep, sem="relaxed")
+    tl.store(sorted_ids_ptr + pos, offs, mask=keep)
+
+
+def moe_align(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    alloc: Alloc | None = None,
+    *,
+    adapter_order: tuple[torch.Tensor, torch.Tensor] | None = None,
+    stable: bool = False,
+) -> AlignedRouting:
+    """Group (token, slot) pairs by expert and pad each group to ``block_m`` (no host sync).
+
+    ``alloc`` (shape, dtype) -> tensor provides the output and scratch buffers (default: new
+    tensors); the fused MoE passes views of its idle output buffer. ``adapter_order`` =
+    (token -> LoRA slot int32 [T], enabled int32 [L]): inside each expert, pairs are ordered
+    by adapter (none first, then slot 0, 1, ...), so a block of a busy expert holds few
+    adapters. Blocks, padding and ``block_rows`` are the same either way. ``stable``: pairs
+    keep their order inside each expert, so the alignment is the same on every run (no
+    adapter order; at most ``STABLE_MAX_BINS`` bins, see ``stable_supported``)."""
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"topk_ids must be a 2-D int32/int64 tensor [T, k], got shape "
+            f"{tuple(topk_ids.shape)} dtype {topk_ids.dtype}"
+        )
+    if not topk_ids.is_contiguous():
+        raise ValueError(f"topk_ids must be contiguous, got strides {topk_ids.stride()}")
+    if block_m < 1 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two, got {block_m}")
+    if not 0 < num_experts <= 1024:
+        raise ValueError(f"num_experts must be in 1..1024, got {num_experts}")
+    if stable and (adapter_order is not None or not stable_supported(num_experts)):
+        raise ValueError(
+            f"a stable alignment takes no adapter order and at most {STABLE_MAX_BINS - 1} "
+            f"experts; got {num_experts} experts"
+            + (" and an adapter order" if adapter_order is not None else "")
+        )
+    numel = topk_ids.numel()
+    take = alloc or fresh(topk_ids.device)
+    max_blocks = max_blocks_for(numel, num_experts, block_m)
+    sorted_ids = take((max_blocks * block_m,), torch.int32)
+    expert_ids = take((max_blocks,), torch.int32)
+    num_padded = take((1,), torch.int32)
+    block_rows = take((max_blocks,), torch.int32)
+    num_bins = triton.next_power_of_2(num_experts + 1)
+    sub = 1
+    lmap = len_ = topk_ids  # placeholders when pairs are not ordered by adapter
+    if adapter_order is not None:
+        lmap, len_ = adapter_order
+        sub = triton.next_power_of_2(len_.numel() + 1)
+        if len_.numel() == 0 or num_bins * sub > MAX_SORT_KEYS:
+            sub, lmap, len_ = 1, topk_ids, topk_ids
+    slots = len_.numel() if sub > 1 else 0
+    if numel == 0:
+        num_padded.zero_()
+        expert_ids.fill_(-1)
+        return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
+    keys = dict(TOP_K=topk_ids.shape[1], SUB=sub)
+    if numel <= FUSED_MAX:
+        cursor = take((num_bins * sub,), torch.int32)
+        _align_fused_kernel[(1,)](
+            topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor,
+            numel, num_experts, max_blocks, slots,
+            BLOCK_M=block_m, NUM_BINS=num_bins,
+            CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
+            STABLE=stable, **keys,
+        )  # fmt: skip
+    else:
+        step = cursor_step(num_bins * sub)
+        counts = take((num_bins * sub,), torch.int32).zero_()
+        cursor = take((num_bins * sub * step,), torch.int32)  # written by the offsets kernel
+        chunk = _STABLE_CHUNK if stable else _CHUNK
+        grid = (triton.cdiv(numel, chunk),)
+        chunk_counts = take((grid[0] * num_bins,), torch.int32) if stable else counts
+        _align_count_kernel[grid](
+            topk_ids, lmap, len_, counts, chunk_counts, numel, num_experts, slots,
+            NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable, **keys,
+        )  # fmt: skip
+        _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
+            counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
+            numel, num_experts, max_blocks,
+            SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
+            CURSOR_STEP=step,
+        )  # fmt: skip
+        _align_scatter_kernel[grid](
+            topk_ids, lmap, len_, sorted_ids, cursor, chunk_counts, numel, num_experts, slots,
+            CHUNK=chunk, NUM_BINS=num_bins, STABLE=stable, CURSOR_STEP=step, **keys,
+        )  # fmt: skip
+    return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
+
+
+@triton.jit
+def block_pairs(
+    pid_m,
+    # pointers
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    block_rows_ptr,
+    topk_ids_ptr,
+    # sizes
+    numel,
+    num_experts,
+    # constexpr
+    BLOCK_M: tl.constexpr,
+    NAIVE: tl.constexpr,  # block b holds pair b alone; no alignment ran
+):
+    """Pairs ``[BLOCK_M]`` (``numel`` = empty row), their expert, whether the block is live and
+    its first row in the unpadded expert-sorted order (``pid_m`` itself in NAIVE mode)."""
+    offs = tl.arange(0, BLOCK_M)
+    if NAIVE:
+        pairs = tl.where(offs == 0, pid_m, numel)
+        expert = tl.load(topk_ids_ptr + pid_m).to(tl.int32)
+        live = (pid_m < numel) & (expert >= 0) & (expert < num_experts)
+        row0 = pid_m
+    else:
+        live = pid_m * BLOCK_M < tl.load(num_padded_ptr)
+        pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + offs)  # in bounds: pid_m < max_blocks
+        expert = tl.load(expert_ids_ptr + pid_m)
+        row0 = tl.load(block_rows_ptr + pid_m)
+    return pairs, expert, live, row0

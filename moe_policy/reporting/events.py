@@ -1,0 +1,168 @@
+"""Structured events, warnings and strict errors for decisions.
+
+Event names are part of the contract: ``moe_policy.decision`` (info, once per
+fingerprint per process, with a count), ``moe_policy.request_overridden``
+(warning), ``moe_policy.request_adapted`` (info), ``moe_policy.knob_ignored``
+(warning), ``moe_policy.rule_audit`` (info), ``moe_policy.no_feasible_backend``
+(error), ``moe_policy.audit_failed`` (warning); the cross-rank check adds
+``moe_policy.agreement`` (info), ``moe_policy.decision_mismatch`` (error, or warning
+under ``consistency: warn``) and ``moe_policy.decision_inputs_differ`` (warning).
+The library never configures structlog; the application (or ``moe-policy``) does.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from typing import Any
+
+from moe_policy.core.decision import Decision, Outcome
+from moe_policy.core.paths import PACKAGE_DIR
+from moe_policy.errors import BackendOverrideError, BackendOverrideWarning, NoFeasibleBackendError
+from moe_policy.reporting.audit import AuditSink, AuditWriteError, audit_record
+
+LOGGER_NAME = "moe_policy"
+
+
+def get_logger() -> Any:
+    """A structlog logger named ``moe_policy`` (structlog imported on first use)."""
+    import structlog
+
+    return structlog.get_logger(LOGGER_NAME)
+
+
+def warn_at_caller(warning: Warning) -> None:
+    """Issue ``warning`` pointing at the first frame outside moe_policy."""
+    if sys.version_info >= (3, 12):
+        warnings.warn(warning, skip_file_prefixes=(str(PACKAGE_DIR),))
+        return
+    level, frame = 2, sys._getframe(1)  # level 1 is this function, 2 its caller
+    while frame is not None and frame.f_code.co_filename.startswith(str(PACKAGE_DIR)):
+        level += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    warnings.warn(warning, stacklevel=level)
+
+
+class Reporter:
+    """Per-process reporting state: counts per fingerprint, notices already shown."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._notices_seen: set[tuple[str, str]] = set()
+        self._audit_failures: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counts.clear()
+            self._notices_seen.clear()
+            self._audit_failures.clear()
+
+    def report(self, decision: Decision, audit: AuditSink | None = None) -> int:
+        """Log (deduplicated), audit (never deduplicated), warn or raise. Returns the count."""
+        with self._lock:
+            count = self.counts.get(decision.fingerprint, 0) + 1
+            self.counts[decision.fingerprint] = count
+        if count == 1:
+            self._log_first(decision)
+        if audit is not None:
+            self._audit(decision, count, audit)
+        if decision.backend is None:
+            raise NoFeasibleBackendError(decision)
+        if decision.outcome is Outcome.OVERRIDDEN and decision.override is not None:
+            if decision.mode == "strict":
+                raise BackendOverrideError(decision, decision.override)
+            warn_at_caller(BackendOverrideWarning(decision.override))
+        return count
+
+    def _log_first(self, decision: Decision) -> None:
+        log = get_logger()
+        for notice in decision.notices:
+            key = (notice.name, notice.origin)
+            if key not in self._notices_seen:
+                self._notices_seen.add(key)
+                log.warning(
+                    notice.event,
+                    knob=notice.name,
+                    origin=notice.origin,
+                    detail=notice.detail,
+                    replacement=notice.replacement,
+                )
+        for rule in decision.rules:
+            if rule.action == "audit" and rule.matched:
+                log.info(
+                    "moe_policy.rule_audit",
+                    rule=rule.id,
+                    effect=rule.effect,
+                    backends=list(rule.backends),
+                    origin=rule.origin,
+                    fingerprint=decision.fingerprint[:16],
+                )
+        for adaptation in decision.adaptations:
+            log.info(
+                "moe_policy.request_adapted",
+                requested=adaptation.requested,
+                adapted_to=adaptation.adapted_to,
+                origin=adaptation.origin,
+                detail=adaptation.reason,
+            )
+        for override in decision.overrides:
+            log.warning(
+                "moe_policy.request_overridden",
+                requested=override.requested,
+                origin=override.origin,
+                selected=override.selected,
+                reason_code=override.reason_code.value,
+                detail=override.detail,
+                pass_name=override.pass_name,
+                rule=override.rule,
+                mode=decision.mode,
+                layer_kind=decision.layer_kind,
+                layer_index=decision.layer_index,
+                fingerprint=decision.fingerprint[:16],
+            )
+        if decision.backend is None:
+            log.error(
+                "moe_policy.no_feasible_backend",
+                candidates={
+                    c.backend: c.reason_code.value for c in decision.candidates if c.reason_code
+                },
+                fingerprint=decision.fingerprint[:16],
+            )
+            return
+        log.info(
+            "moe_policy.decision",
+            backend=decision.backend,
+            experts_class=decision.experts_class,
+            activation_format=decision.activation_format,
+            outcome=decision.outcome.value,
+            requested=decision.requested.backend if decision.requested else None,
+            layer_kind=decision.layer_kind,
+            layer_index=decision.layer_index,
+            fingerprint=decision.fingerprint[:16],
+            count=1,
+            summary=decision.describe(),
+        )
+
+    def _audit(self, decision: Decision, count: int, sink: AuditSink) -> None:
+        error = sink.write(audit_record(decision, count))
+        if error is None:
+            return
+        if sink.required:
+            raise AuditWriteError(f"audit log {sink.path!r} could not be written: {error}")
+        key = (sink.path, type(error).__name__)
+        with self._lock:
+            first = key not in self._audit_failures
+            self._audit_failures.add(key)
+        if first:
+            get_logger().warning(
+                "moe_policy.audit_failed",
+                path=sink.path,
+                error=str(error),
+                detail="decision returned without an audit line",
+            )
+
+
+#: The process-wide reporter (state: counts and dedupe sets). ``REPORTER.reset()`` in tests.
+REPORTER = Reporter()
