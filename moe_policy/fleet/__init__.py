@@ -1,1 +1,1 @@
-"""TODO"""
+"""Cross-rank consistency: comparing decisions of many ranks, and the torch.distributed check."""

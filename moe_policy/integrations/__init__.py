@@ -1,1 +1,1 @@
-"""TODO"""
+"""Engine adapters. Each imports its engine lazily, so ``import moe_policy`` stays light."""
