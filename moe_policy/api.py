@@ -14,16 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_policy.core import state
 from moe_policy.core.catalog import Catalog, load_catalog
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Decision
 from moe_policy.core.facts import build_context
+from moe_policy.core.keys import coerce_value
 from moe_policy.core.model import ModelFacts, load_model, model_facts_from_mapping
 from moe_policy.core.origin import Origin
-from moe_policy.core.passes.feasibility import ExtraCheck
+from moe_policy.core.passes import ExtraCheck, Pass
+from moe_policy.core.pipeline import DEFAULT_PIPELINE
 from moe_policy.core.platform import PlatformFacts
 from moe_policy.core.resolver import Resolver
-from moe_policy.errors import PolicyError
+from moe_policy.core.state import STATE
+from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.reporting.audit import AuditSink
 from moe_policy.reporting.events import REPORTER, Reporter
 from moe_policy.settings import Entry, Settings, resolve_settings
@@ -113,6 +117,7 @@ class Selector:
         catalog: Catalog | None = None,
         reporter: Reporter | None = None,
         files_origin: Origin | None = None,
+        pipeline: Sequence[Pass] = DEFAULT_PIPELINE,
     ) -> None:
         self.catalog = catalog or load_catalog()
         self.settings = resolve_settings(
@@ -131,7 +136,7 @@ class Selector:
             request=self.settings.request,
             platform=platform,
         )
-        self.resolver = Resolver(self.catalog, self.settings, extra_checks)
+        self.resolver = Resolver(self.catalog, self.settings.policy(), extra_checks, pipeline)
         self.reporter = reporter or REPORTER
         audit_path = self.settings.value("audit.path")
         self.audit = (
@@ -151,8 +156,6 @@ class Selector:
             values["layer.index"] = int(layer_index)
             origins["layer.index"] = "api"
         if layer_kind is not None:
-            from moe_policy.core.context import coerce_value
-
             values["layer.kind"] = coerce_value("layer.kind", layer_kind, "api:layer_kind")
             origins["layer.kind"] = "api"
         return SelectionContext(values, origins, self.context.request, self.context.mode)
@@ -182,10 +185,6 @@ class Selector:
         return Explanation(self.settings, self._context_for(layer_index, layer_kind), decision)
 
 
-_SELECTORS: dict[Any, Selector] = {}
-_SELECTORS_LOCK = threading.Lock()
-
-
 def _env_key() -> tuple[tuple[str, str], ...]:
     return tuple(
         sorted((k, v) for k, v in os.environ.items() if k.startswith(("MOE_POLICY_", "VLLM_")))
@@ -212,22 +211,22 @@ def selector_for(
     """A cached Selector for these arguments and the current relevant environment."""
     unknown = [name for name in arguments if name not in API_KEYS]
     if unknown:
-        from moe_policy.errors import did_you_mean
-
         raise PolicyError(
             f"unknown argument {unknown[0]!r}{did_you_mean(unknown[0], API_KEYS)}", "api"
         )
     model_key = str(model) if isinstance(model, (str, os.PathLike)) else _freeze(model)
     key = (model_key, _freeze(policy_files), _freeze(overrides), _freeze(arguments), _env_key())
-    selector = _SELECTORS.get(key)
+    selector: Selector | None = STATE.selectors.get(key)
     if selector is None:
-        with _SELECTORS_LOCK:
-            selector = Selector(
-                model,
-                policy_files=policy_files,
-                explicit=explicit_entries(arguments, overrides, Origin.api()),
-            )
-            _SELECTORS[key] = selector
+        with STATE.selectors_lock:
+            selector = STATE.selectors.get(key)
+            if selector is None:
+                selector = Selector(
+                    model,
+                    policy_files=policy_files,
+                    explicit=explicit_entries(arguments, overrides, Origin.api()),
+                )
+                STATE.selectors[key] = selector
     return selector
 
 
@@ -265,10 +264,6 @@ def explain(
 
 
 def reset() -> None:
-    """Forget cached selectors, probe results and reporting state (tests, env changes)."""
-    from moe_policy.core.platform import reset_probe_cache
-
-    with _SELECTORS_LOCK:
-        _SELECTORS.clear()
-    reset_probe_cache()
-    REPORTER.reset()
+    """Forget cached selectors, probe results, the catalog and reporting state (tests, env
+    changes)."""
+    state.reset()

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_policy.core.decision import canonical_json
+from moe_policy.core.canonical import canonical_json
 from moe_policy.fleet.agreement import RANK_LOCAL_KEYS, compress, format_layers
 
 EXIT_IDENTICAL = 0

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from moe_policy.core.context import PLATFORMS
+from moe_policy.core.keys import PLATFORMS
 from moe_policy.core.origin import Origin
 from moe_policy.errors import BackendOverrideWarning, PolicyError
 from moe_policy.settings import Entry

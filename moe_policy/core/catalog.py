@@ -1,10 +1,9 @@
 """The backend capability catalog (``configs/backends.yaml``) and the experts registry.
 
 The catalog states what each backend can run; feasibility is checked against it.
-Implementations register by backend name: built-ins through the catalog's
-``implementation`` field, third parties through the ``moe_policy.backends``
-entry-point group (``name = "module:Class"``). A backend with no implementation in
-this process can still be decided, for an engine that has it.
+Implementations are named by the catalog's ``implementation`` field
+(``module:Class``). A backend with no implementation in this process can still be
+decided, for an engine that has it.
 """
 
 from __future__ import annotations
@@ -13,16 +12,16 @@ import importlib
 import importlib.util
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from moe_policy.core import paths
-from moe_policy.core.context import ACTIVATIONS, ALL2ALL_KINDS, DTYPES, PLATFORMS, QUANTIZATIONS
+from moe_policy.core.canonical import sha256_hex
+from moe_policy.core.keys import ACTIVATIONS, ALL2ALL_KINDS, DTYPES, PLATFORMS, QUANTIZATIONS
 from moe_policy.core.rules import Condition, ProblemSink, parse_conditions
+from moe_policy.core.state import STATE
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError, did_you_mean
 
-ENTRY_POINT_GROUP = "moe_policy.backends"
 LORA_SUPPORT = ("true", "false", "conditional", "delegated")
 BACKEND_KEYS = (
     "description",
@@ -145,9 +144,8 @@ class Catalog:
         target = self.implementations.get(name)
         if target is None:
             raise LookupError(
-                f"backend {name!r} has no experts implementation in this process "
-                f"(it is provided by an engine; install one or register it in the "
-                f"{ENTRY_POINT_GROUP!r} entry-point group)"
+                f"backend {name!r} has no experts implementation in this package "
+                f"(an engine provides it: decide here, run it there)"
             )
         module_name, _, attr = target.partition(":")
         module = importlib.import_module(module_name)
@@ -241,24 +239,7 @@ def parse_catalog(loaded: LoadedYaml) -> Catalog:
             origin=where,
         )
     implementations = {s.name: s.implementation for s in specs.values() if s.implementation}
-    from moe_policy.core.decision import sha256_hex
-
     return Catalog(specs, implementations, sha256_hex(loaded.text))
-
-
-def _entry_point_implementations(names: tuple[str, ...]) -> dict[str, str]:
-    from importlib.metadata import entry_points
-
-    found: dict[str, str] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in names:
-            raise PolicyError(
-                f"entry point {ep.name!r} ({ep.value}) names no catalog backend"
-                f"{did_you_mean(ep.name, names)}",
-                f"entry-point:{ENTRY_POINT_GROUP}",
-            )
-        found[ep.name] = ep.value
-    return found
 
 
 def check_registry(catalog: Catalog) -> list[str]:
@@ -287,9 +268,16 @@ def check_registry(catalog: Catalog) -> list[str]:
     return problems
 
 
-@lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
-    """The built-in catalog (cached); registry drift is an error that names what is missing."""
+    """The built-in catalog (parsed once per process); registry drift is an error that names
+    what is missing."""
+    if STATE.catalog is None:
+        STATE.catalog = parse_builtin_catalog()
+    return STATE.catalog
+
+
+def parse_builtin_catalog() -> Catalog:
+    """Read and check ``configs/backends.yaml``."""
     loaded = load_yaml_file(
         paths.BACKENDS_CATALOG, display_path=paths.BACKENDS_CATALOG_NAME, use_omegaconf=False
     )
@@ -301,12 +289,3 @@ def load_catalog() -> Catalog:
             paths.BACKENDS_CATALOG_NAME,
         )
     return catalog
-
-
-def with_entry_points(catalog: Catalog) -> Catalog:
-    """The catalog plus third-party implementations from the entry-point group."""
-    extra = _entry_point_implementations(catalog.names)
-    if not extra:
-        return catalog
-    merged = {**catalog.implementations, **extra}
-    return Catalog(catalog.backends, merged, catalog.sha256)

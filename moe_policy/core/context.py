@@ -1,216 +1,16 @@
 """SelectionContext: the frozen facts a decision is made from, each with its origin.
 
-``CONTEXT_KEYS`` is the vocabulary that rules, ``--set`` and the record address.
-Passes read only the context; nothing in it is looked up lazily.
+The keys are those of ``moe_policy.core.keys.CONTEXT_KEYS``. Passes read only the context;
+nothing in it is looked up lazily.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from moe_policy.core.decision import Request
-from moe_policy.core.origin import Origin
-from moe_policy.errors import PolicyError, did_you_mean
-
-PLATFORMS = ("cuda", "rocm", "cpu", "xpu", "tpu", "oot")
-DTYPES = ("bf16", "fp16", "fp32")
-QUANTIZATIONS = (
-    "none",
-    "fp8",
-    "mxfp4",
-    "nvfp4",
-    "int8",
-    "int4",
-    "awq",
-    "gptq",
-    "compressed_tensors",
-    "other",
-)
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swigluoai", "swiglustep", "relu2")
-ROUTINGS = (
-    "renormalize",
-    "renormalize_naive",
-    "softmax",
-    "sigmoid",
-    "deepseek_v3",
-    "llama4",
-    "custom",
-)
-ALL2ALL_KINDS = (
-    "none",
-    "naive",
-    "allgather_reducescatter",
-    "deepep_high_throughput",
-    "deepep_low_latency",
-    "deepep_v2",
-    "flashinfer_all2allv",
-    "flashinfer_nvlink_one_sided",
-    "flashinfer_nvlink_two_sided",
-    "mori_high_throughput",
-    "mori_low_latency",
-    "nixl_ep",
-    "pplx",
-)
-#: All2all kinds whose prepare/finalize delivers the batched [E, max_tokens, H] format.
-BATCHED_ALL2ALL = frozenset({"deepep_low_latency", "nixl_ep"})
-FORMATS = ("standard", "batched")
-LAYER_KINDS = ("moe", "draft", "mtp", "shared")
-
-
-@dataclass(frozen=True)
-class KeySpec:
-    """Type and meaning of one context key."""
-
-    type: str  # str | int | bool | capability | list
-    description: str
-    choices: tuple[str, ...] | None = None
-    #: Legitimately different between ranks of one deployment (excluded from fingerprints).
-    rank_local: bool = False
-    #: Computed from other keys; cannot be set.
-    derived: bool = False
-
-
-CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
-    {
-        "platform": KeySpec("str", "accelerator platform", PLATFORMS),
-        "device.capability": KeySpec(
-            "capability", "CUDA compute capability, e.g. 9.0 (None off CUDA)"
-        ),
-        "device.name": KeySpec("str", "device name as the driver reports it"),
-        "packages": KeySpec(
-            "list", "importable packages on the target (flashinfer, triton, aiter, ...)"
-        ),
-        "model.architecture": KeySpec("str", "Hugging Face architecture class"),
-        "model.dtype": KeySpec("str", "weight/activation dtype", DTYPES),
-        "model.quantization": KeySpec("str", "weight quantization family", QUANTIZATIONS),
-        "model.activation": KeySpec("str", "expert activation", ACTIVATIONS),
-        "model.gated": KeySpec("bool", "act(gate) * up (true) or act(up) (false, e.g. relu2)"),
-        "model.num_experts": KeySpec("int", "routed experts in the model"),
-        "model.local_experts": KeySpec("int", "routed experts on one rank", derived=True),
-        "model.top_k": KeySpec("int", "experts per token"),
-        "model.hidden_size": KeySpec("int", "hidden size H"),
-        "model.intermediate_size": KeySpec("int", "expert intermediate size I (whole expert)"),
-        "model.intermediate_size_per_partition": KeySpec(
-            "int", "I on one rank (I / tp without expert parallelism)", derived=True
-        ),
-        "model.shared_experts": KeySpec("int", "shared experts beside the routed ones"),
-        "model.routing": KeySpec("str", "routing method", ROUTINGS),
-        "model.router_weight_on_input": KeySpec(
-            "bool", "router weight applied to the input (Llama-4)"
-        ),
-        "model.has_bias": KeySpec("bool", "expert projections carry biases (gpt-oss)"),
-        "parallel.tp": KeySpec("int", "tensor-parallel size"),
-        "parallel.dp": KeySpec("int", "data-parallel size"),
-        "parallel.ep": KeySpec("bool", "expert parallelism enabled"),
-        "parallel.ep_size": KeySpec("int", "expert-parallel group size", derived=True),
-        "parallel.all2all": KeySpec("str", "all2all (prepare/finalize) kind", ALL2ALL_KINDS),
-        "parallel.activation_format": KeySpec(
-            "str", "format the experts receive (from parallel.all2all)", FORMATS, derived=True
-        ),
-        "parallel.eplb": KeySpec("bool", "expert-parallel load balancing"),
-        "lora.enabled": KeySpec("bool", "LoRA adapters are served"),
-        "lora.max_rank": KeySpec("int", "largest adapter rank"),
-        "lora.max_loras": KeySpec("int", "adapter slots resident per batch"),
-        "layer.kind": KeySpec("str", "layer kind (draft/mtp for speculative layers)", LAYER_KINDS),
-        "layer.index": KeySpec("int", "layer index in the model", rank_local=True),
-        "batch_invariant": KeySpec(
-            "bool", "batch-invariant kernels required (VLLM_BATCH_INVARIANT)"
-        ),
-        "rocm.aiter": KeySpec("bool", "AITER MoE switched on (VLLM_ROCM_USE_AITER semantics)"),
-    }
-)
-
-
-def parse_capability(value: Any) -> tuple[int, int]:
-    """``"9.0"`` / ``9.0`` / ``"90"`` / ``(9, 0)`` -> ``(9, 0)``; ValueError otherwise.
-
-    >>> parse_capability("10.3")
-    (10, 3)
-    """
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        parts = [str(v).strip() for v in value]
-    else:
-        text = str(value).strip().lower().removeprefix("sm").removeprefix("_")
-        if "." in text:
-            parts = text.split(".", 1)
-        elif text.isdigit() and len(text) in (2, 3):
-            parts = [text[:-1], text[-1]]
-        else:
-            parts = []
-    if len(parts) == 2 and all(p.isdigit() for p in parts):
-        return int(parts[0]), int(parts[1])
-    raise ValueError(f"not a compute capability: {value!r} (expected e.g. 9.0 or 10.0)")
-
-
-def format_capability(value: Any) -> str:
-    major, minor = parse_capability(value)
-    return f"{major}.{minor}"
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def coerce_bool(value: Any) -> bool:
-    """Booleans from YAML, env or flags; anything else is a ValueError."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"expected a boolean (true/false/1/0), got {value!r}")
-
-
-def coerce_value(key: str, value: Any, origin: Origin | str) -> Any:
-    """Validate and normalise a context value; PolicyError names the key and origin."""
-    spec = CONTEXT_KEYS.get(key)
-    if spec is None:
-        raise PolicyError(
-            f"unknown context key {key!r}{did_you_mean(key, CONTEXT_KEYS)}",
-            origin,
-            key=key,
-            code="unknown-context-key",
-        )
-    if value is None:
-        return None
-    try:
-        if spec.type == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(f"expected an integer, got {value!r}")
-            result: Any = int(str(value).strip()) if isinstance(value, str) else int(value)
-        elif spec.type == "bool":
-            result = coerce_bool(value)
-        elif spec.type == "capability":
-            result = format_capability(value)
-        elif spec.type == "list":
-            if isinstance(value, str):
-                items = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
-            elif isinstance(value, (list, tuple, set, frozenset)):
-                items = [str(v) for v in value]
-            else:
-                raise ValueError(f"expected a list, got {value!r}")
-            result = tuple(sorted(set(items)))
-        else:
-            result = str(value).strip()
-            if spec.type == "str" and spec.choices is not None:
-                result = result.lower()
-    except ValueError as exc:
-        raise PolicyError(f"{key}: {exc}", origin, key=key) from None
-    if spec.choices is not None and result not in spec.choices:
-        raise PolicyError(
-            f"{key}: {result!r} is not one of {', '.join(spec.choices)}"
-            f"{did_you_mean(result, spec.choices)}",
-            origin,
-            key=key,
-        )
-    return result
 
 
 @dataclass(frozen=True)
@@ -234,9 +34,6 @@ class SelectionContext:
     @property
     def format(self) -> str:
         return str(self.values.get("parallel.activation_format", "standard"))
-
-    def with_request(self, request: Request | None) -> SelectionContext:
-        return SelectionContext(self.values, self.origins, request, self.mode)
 
     def items_with_origin(self) -> dict[str, tuple[Any, str]]:
         return {key: (self.values[key], self.origins.get(key, "default")) for key in self.values}

@@ -7,13 +7,13 @@ bumps the version and gets a CHANGELOG entry under "Policy semantics".
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
+
+from moe_policy.core.canonical import canonical
+from moe_policy.core.state import next_decision_id
 
 SCHEMA_VERSION = 1
 
@@ -215,38 +215,6 @@ class Notice:
         }
 
 
-_ID_PREFIX = os.urandom(4).hex()
-_ID_COUNTER = itertools.count(1)
-
-
-def new_decision_id() -> str:
-    """Unique per decision in a process, unique across processes with high probability."""
-    return f"{_ID_PREFIX}-{next(_ID_COUNTER):08x}"
-
-
-def canonical_json(obj: Any) -> str:
-    """Deterministic JSON: sorted keys, no spaces, ASCII; tuples and sets as sorted lists."""
-    return json.dumps(_canonical(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def _canonical(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _canonical(v) for k, v in obj.items()}
-    if isinstance(obj, (frozenset, set)):
-        return sorted(_canonical(v) for v in obj)
-    if isinstance(obj, (list, tuple)):
-        return [_canonical(v) for v in obj]
-    if isinstance(obj, Enum):
-        return obj.value
-    return obj
-
-
-def sha256_hex(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 @dataclass(frozen=True)
 class Decision:
     """The record of one layer's backend decision."""
@@ -269,7 +237,7 @@ class Decision:
     layer_index: int | None
     notices: tuple[Notice, ...] = ()
     adaptations: tuple[Adaptation, ...] = ()
-    decision_id: str = field(default_factory=new_decision_id)
+    decision_id: str = field(default_factory=next_decision_id)
     #: Settings that act after the decision (``consistency``, ``audit.path``, ``audit.required``):
     #: key -> (value, origin). Not decisive, so outside the fingerprint; not in ``to_dict()`` (v1).
     run_settings: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
@@ -279,7 +247,7 @@ class Decision:
         context = self.context
         if context.get("layer.index", (None, ""))[0] != index:
             context = {**context, "layer.index": (index, index_origin)}
-        return replace(self, layer_index=index, context=context, decision_id=new_decision_id())
+        return replace(self, layer_index=index, context=context, decision_id=next_decision_id())
 
     @property
     def override(self) -> Override | None:
@@ -311,7 +279,7 @@ class Decision:
             "candidates": [c.to_dict() for c in self.candidates],
             "rules": [r.to_dict() for r in self.rules],
             "context": {
-                key: {"value": _canonical(value), "origin": origin}
+                key: {"value": canonical(value), "origin": origin}
                 for key, (value, origin) in sorted(self.context.items())
             },
             "policy": {"files": [{"path": p, "sha256": h} for p, h in self.policy_files]},

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from moe_policy.core.catalog import Catalog
-from moe_policy.core.context import BATCHED_ALL2ALL, CONTEXT_KEYS, SelectionContext, coerce_value
+from moe_policy.core.context import SelectionContext
+from moe_policy.core.keys import BATCHED_ALL2ALL, CONTEXT_KEYS, coerce_value
 from moe_policy.core.model import ModelFacts
 from moe_policy.core.origin import Origin
 from moe_policy.core.platform import PlatformFacts, current_platform

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from moe_policy.core.state import STATE
+
 #: Packages the catalog may require; probed on the local machine.
 KNOWN_PACKAGES = ("torch", "triton", "flashinfer", "aiter", "vllm", "deep_ep")
 
@@ -99,33 +101,21 @@ def probe() -> PlatformFacts:
     return PlatformFacts("cpu", None, None, packages, "probe", tuple(problems))
 
 
-_cached: PlatformFacts | None = None
-_override: PlatformFacts | None = None
-
-
 def current_platform() -> PlatformFacts:
-    """The probed (or overridden) platform; probed once per process."""
-    global _cached
-    if _override is not None:
-        return _override
-    if _cached is None:
-        _cached = probe()
-    return _cached
-
-
-def reset_probe_cache() -> None:
-    """Forget the cached probe (tests)."""
-    global _cached
-    _cached = None
+    """The pinned platform if any, else the probed one (probed once per process)."""
+    if STATE.pinned_platform is not None:
+        return STATE.pinned_platform
+    if STATE.probed_platform is None:
+        STATE.probed_platform = probe()
+    return STATE.probed_platform
 
 
 @contextlib.contextmanager
 def override_platform(facts: PlatformFacts) -> Iterator[PlatformFacts]:
     """Pin the platform for the duration of a block (tests, dry runs)."""
-    global _override
-    previous = _override
-    _override = facts
+    previous = STATE.pinned_platform
+    STATE.pinned_platform = facts
     try:
         yield facts
     finally:
-        _override = previous
+        STATE.pinned_platform = previous

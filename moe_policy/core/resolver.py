@@ -1,18 +1,19 @@
 """Run the passes over a frozen context and build the Decision; cache by fingerprint.
 
-``Resolver.resolve`` is pure over its inputs: the catalog and settings it was built
-with and the SelectionContext it is given. No probing, no env or file reads.
+``Resolver.resolve`` is pure over its inputs: the catalog, policy and pipeline it was
+built with and the SelectionContext it is given. No probing, no env or file reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from moe_policy._version import __version__
+from moe_policy.core.canonical import canonical_json, sha256_hex
 from moe_policy.core.catalog import Catalog
-from moe_policy.core.context import CONTEXT_KEYS, SelectionContext
+from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import (
     Adaptation,
     Decision,
@@ -21,60 +22,33 @@ from moe_policy.core.decision import (
     Request,
     RuleRecord,
     Status,
-    canonical_json,
-    sha256_hex,
 )
-from moe_policy.core.passes import Pass, TraceEntry
-from moe_policy.core.passes.feasibility import ExtraCheck, FeasibilityPass, seed_candidates
-from moe_policy.core.passes.lora import LoRAPass
-from moe_policy.core.passes.policy_rules import RulesPass
-from moe_policy.core.passes.ranking import ranking_pass
-from moe_policy.core.passes.request import request_pass
-
-if TYPE_CHECKING:
-    from moe_policy.settings import Settings
-
-#: Settings a Decision carries for what happens after it (agreement check, audit).
-RUN_SETTINGS = ("consistency", "audit.path", "audit.required")
-
-PassBuilder = Callable[[Catalog, "Settings", Mapping[str, ExtraCheck]], Pass]
-
-#: The selection algorithm, in order. Adding a pass = one module + one entry here.
-PIPELINE: tuple[tuple[str, PassBuilder], ...] = (
-    ("feasibility", lambda catalog, _settings, extra: FeasibilityPass(catalog, extra)),
-    ("lora", lambda catalog, _settings, _extra: LoRAPass(catalog)),
-    ("policy_rules", lambda _catalog, settings, _extra: RulesPass(settings.rules)),
-    ("request", lambda _catalog, _settings, _extra: request_pass),
-    ("ranking", lambda _catalog, _settings, _extra: ranking_pass),
-)
+from moe_policy.core.keys import CONTEXT_KEYS
+from moe_policy.core.passes import ExtraCheck, Pass, PassInputs, TraceEntry
+from moe_policy.core.passes.feasibility import seed_candidates
+from moe_policy.core.pipeline import DEFAULT_PIPELINE
+from moe_policy.core.policy import Policy
 
 
 class Resolver:
-    """Decides backends for contexts under one catalog and one set of settings."""
+    """Decides backends for contexts under one catalog, one policy and one pipeline."""
 
     def __init__(
         self,
         catalog: Catalog,
-        settings: Settings,
+        policy: Policy,
         extra_checks: Mapping[str, ExtraCheck] | None = None,
+        pipeline: Sequence[Pass] = DEFAULT_PIPELINE,
     ) -> None:
         self.catalog = catalog
-        self.settings = settings
-        extra = dict(extra_checks or {})
-        self.passes: tuple[Pass, ...] = tuple(
-            build(catalog, settings, extra) for _, build in PIPELINE
-        )
-        self.policy_digest = settings.policy_digest()
+        self.policy = policy
+        self.inputs = PassInputs(catalog, policy, dict(extra_checks or {}))
+        self.passes: tuple[Pass, ...] = tuple(pipeline)
         #: Rank-local keys enter the fingerprint only when a rule decides on them.
-        ruled = {key for rule in settings.rules for key in rule.keys}
+        ruled = {key for rule in policy.rules for key in rule.keys}
         self.excluded_keys = frozenset(
             key for key, spec in CONTEXT_KEYS.items() if spec.rank_local and key not in ruled
         )
-        self.run_settings = {
-            key: (settings.values[key].value, settings.values[key].origin)
-            for key in RUN_SETTINGS
-            if key in settings.values
-        }
         self._cache: dict[str, Decision] = {}
         self.resolutions = 0
 
@@ -84,10 +58,12 @@ class Resolver:
             "context": {k: v for k, v in ctx.values.items() if k not in self.excluded_keys},
             "request": ctx.request.backend if ctx.request else None,
             "mode": ctx.mode,
-            "policy": self.policy_digest,
+            "policy": self.policy.digest,
             "catalog": self.catalog.sha256,
             "library_version": __version__,
         }
+        if self.passes != DEFAULT_PIPELINE:
+            decisive["pipeline"] = [p.name for p in self.passes]
         return sha256_hex(canonical_json(decisive))
 
     def resolve(self, ctx: SelectionContext) -> Decision:
@@ -105,11 +81,11 @@ class Resolver:
     def _run(self, ctx: SelectionContext, fingerprint: str) -> Decision:
         self.resolutions += 1
         candidates = seed_candidates(
-            self.catalog, ctx, self.settings.priority(str(ctx.get("platform")))
+            self.catalog, ctx, self.policy.priority(str(ctx.get("platform")))
         )
         trace: list[TraceEntry] = []
         for run_pass in self.passes:
-            candidates, entries = run_pass(ctx, candidates)
+            candidates, entries = run_pass(ctx, candidates, self.inputs)
             trace.extend(entries)
         selected = next((c for c in candidates if c.status is Status.SELECTED), None)
         backend = selected.backend if selected else None
@@ -146,11 +122,11 @@ class Resolver:
             rules=tuple(t for t in trace if isinstance(t, RuleRecord)),
             adaptations=tuple(adaptations),
             context=ctx.items_with_origin(),
-            policy_files=tuple((f.path, f.sha256 or "") for f in self.settings.files if f.found),
+            policy_files=self.policy.files,
             mode=ctx.mode,
             library_version=__version__,
             layer_kind=str(ctx.get("layer.kind") or "moe"),
             layer_index=ctx.get("layer.index"),
-            notices=self.settings.notices,
-            run_settings=self.run_settings,
+            notices=self.policy.notices,
+            run_settings=self.policy.run_settings,
         )

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moe_policy.core.context import CONTEXT_KEYS, coerce_value, parse_capability
+from moe_policy.core.keys import CONTEXT_KEYS, coerce_value, parse_capability
 from moe_policy.core.origin import Origin
 from moe_policy.errors import PolicyError, did_you_mean
 

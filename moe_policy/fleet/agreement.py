@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from moe_policy.core.context import CONTEXT_KEYS, LAYER_KINDS
-from moe_policy.core.decision import Decision, canonical_json
+from moe_policy.core.canonical import canonical_json
+from moe_policy.core.decision import Decision
+from moe_policy.core.keys import CONTEXT_KEYS, LAYER_KINDS
 from moe_policy.errors import PolicyError
 
 SUMMARY_VERSION = 1

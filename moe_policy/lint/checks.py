@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_policy.core.catalog import BackendSpec, Catalog, load_catalog
-from moe_policy.core.context import PLATFORMS, parse_capability
+from moe_policy.core.keys import PLATFORMS, parse_capability
 from moe_policy.core.origin import Origin
 from moe_policy.core.rules import Condition, ProblemSink, Rule
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
@@ -191,14 +191,14 @@ def _capability_values(rule: Rule, spec: BackendSpec) -> list[str]:
 
 def _why_not(rule: Rule, spec: BackendSpec, platform: str) -> str | None:
     """Why ``spec`` can never run where ``rule`` matches on ``platform``, or None."""
-    from moe_policy.core.passes.feasibility import _capability_ok
+    from moe_policy.core.passes.feasibility import capability_ok
 
     if platform not in spec.platforms:
         return f"runs only on {', '.join(spec.platforms)}"
     conds = (*rule.conditions, Condition("platform", "eq", platform))
     if platform == "cuda" and any(c.key == "device.capability" for c in rule.conditions):
         caps = values_allowed("device.capability", conds, _capability_values(rule, spec))
-        if not any(_capability_ok(spec, cap)[0] for cap in caps):
+        if not any(capability_ok(spec, cap)[0] for cap in caps):
             return "no compute capability where the rule matches is in its range"
     lora_on = not satisfiable((*conds, Condition("lora.enabled", "eq", False)))
     if lora_on and spec.lora == "false":

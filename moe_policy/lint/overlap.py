@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from moe_policy.core.context import CONTEXT_KEYS, parse_capability
+from moe_policy.core.keys import CONTEXT_KEYS, parse_capability
 from moe_policy.core.rules import Condition
 
 #: Operators whose probes decide satisfiability exactly.

@@ -13,12 +13,12 @@ The library never configures structlog; the application (or ``moe-policy``) does
 from __future__ import annotations
 
 import sys
-import threading
 import warnings
 from typing import Any
 
 from moe_policy.core.decision import Decision, Outcome
 from moe_policy.core.paths import PACKAGE_DIR
+from moe_policy.core.state import STATE, ReportingState
 from moe_policy.errors import BackendOverrideError, BackendOverrideWarning, NoFeasibleBackendError
 from moe_policy.reporting.audit import AuditSink, AuditWriteError, audit_record
 
@@ -45,25 +45,24 @@ def warn_at_caller(warning: Warning) -> None:
 
 
 class Reporter:
-    """Per-process reporting state: counts per fingerprint, notices already shown."""
+    """Logs, audits, warns or raises for decisions; remembers what it has shown in ``memory``
+    (the process-wide reporter's memory is ``STATE.reporting``; a fresh one by default)."""
 
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self._notices_seen: set[tuple[str, str]] = set()
-        self._audit_failures: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
+    def __init__(self, memory: ReportingState | None = None) -> None:
+        self.memory = memory if memory is not None else ReportingState()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.memory.counts
 
     def reset(self) -> None:
-        with self._lock:
-            self.counts.clear()
-            self._notices_seen.clear()
-            self._audit_failures.clear()
+        self.memory.clear()
 
     def report(self, decision: Decision, audit: AuditSink | None = None) -> int:
         """Log (deduplicated), audit (never deduplicated), warn or raise. Returns the count."""
-        with self._lock:
-            count = self.counts.get(decision.fingerprint, 0) + 1
-            self.counts[decision.fingerprint] = count
+        with self.memory.lock:
+            count = self.memory.counts.get(decision.fingerprint, 0) + 1
+            self.memory.counts[decision.fingerprint] = count
         if count == 1:
             self._log_first(decision)
         if audit is not None:
@@ -80,8 +79,8 @@ class Reporter:
         log = get_logger()
         for notice in decision.notices:
             key = (notice.name, notice.origin)
-            if key not in self._notices_seen:
-                self._notices_seen.add(key)
+            if key not in self.memory.notices_seen:
+                self.memory.notices_seen.add(key)
                 log.warning(
                     notice.event,
                     knob=notice.name,
@@ -152,9 +151,9 @@ class Reporter:
         if sink.required:
             raise AuditWriteError(f"audit log {sink.path!r} could not be written: {error}")
         key = (sink.path, type(error).__name__)
-        with self._lock:
-            first = key not in self._audit_failures
-            self._audit_failures.add(key)
+        with self.memory.lock:
+            first = key not in self.memory.audit_failures
+            self.memory.audit_failures.add(key)
         if first:
             get_logger().warning(
                 "moe_policy.audit_failed",
@@ -164,5 +163,5 @@ class Reporter:
             )
 
 
-#: The process-wide reporter (state: counts and dedupe sets). ``REPORTER.reset()`` in tests.
-REPORTER = Reporter()
+#: The process-wide reporter; what it remembers is process state (``moe_policy.reset()``).
+REPORTER = Reporter(STATE.reporting)

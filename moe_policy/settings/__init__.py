@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from moe_policy.core.decision import Notice, Request, canonical_json, sha256_hex
+from moe_policy.core.canonical import canonical_json, sha256_hex
+from moe_policy.core.decision import Notice, Request
 from moe_policy.core.origin import Origin
+from moe_policy.core.policy import Policy
 from moe_policy.core.rules import Rule
 from moe_policy.settings.base import Entry, FileInfo, Source, SourceOutput
 from moe_policy.settings.builtin import BuiltinSource
@@ -25,10 +27,14 @@ from moe_policy.settings.policy_files import PolicyFilesSource
 if TYPE_CHECKING:
     from moe_policy.core.catalog import Catalog
 
+#: Settings a Decision carries for what happens after it (agreement check, audit).
+RUN_SETTINGS = ("consistency", "audit.path", "audit.required")
+
 #: The precedence, lowest first.
 SOURCES: tuple[type[Source], ...] = (BuiltinSource, PolicyFilesSource, EnvSource, ExplicitSource)
 
 __all__ = [
+    "RUN_SETTINGS",
     "SOURCES",
     "Entry",
     "EnvSource",
@@ -80,6 +86,25 @@ class Settings:
 
     def priority(self, platform: str) -> tuple[str, ...]:
         return tuple(self.value(f"priority.{platform}", ()))
+
+    def policy(self) -> Policy:
+        """What the resolver decides under, as one value."""
+        return Policy(
+            rules=self.rules,
+            priorities={
+                key.removeprefix("priority."): tuple(resolved.value)
+                for key, resolved in self.values.items()
+                if key.startswith("priority.")
+            },
+            digest=self.policy_digest(),
+            files=tuple((f.path, f.sha256 or "") for f in self.files if f.found),
+            notices=self.notices,
+            run_settings={
+                key: (self.values[key].value, self.values[key].origin)
+                for key in RUN_SETTINGS
+                if key in self.values
+            },
+        )
 
     def policy_digest(self) -> str:
         """sha256 of what decides (rules, priority lists, mode); no paths, no audit settings."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from moe_policy.core import paths
-from moe_policy.core.decision import sha256_hex
+from moe_policy.core.canonical import sha256_hex
 from moe_policy.core.rules import ProblemSink
 from moe_policy.core.yamlio import load_yaml_file
 from moe_policy.settings.base import FileInfo, Source, SourceOutput

@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from moe_policy.core.context import coerce_bool
 from moe_policy.core.decision import Notice
+from moe_policy.core.keys import coerce_bool
 from moe_policy.core.origin import Origin
 from moe_policy.core.rules import Rule
 from moe_policy.errors import PolicyError, did_you_mean

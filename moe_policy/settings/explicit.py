@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from moe_policy.core.context import CONTEXT_KEYS, coerce_value
+from moe_policy.core.keys import CONTEXT_KEYS, coerce_value
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry, Source, SourceOutput
 from moe_policy.settings.schema import SETTINGS_KEYS, validate_setting

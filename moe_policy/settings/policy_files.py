@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moe_policy.core.decision import sha256_hex
+from moe_policy.core.canonical import sha256_hex
 from moe_policy.core.origin import Origin
 from moe_policy.core.rules import ProblemSink
 from moe_policy.core.yamlio import load_yaml_file

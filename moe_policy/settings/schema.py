@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from moe_policy.core.context import PLATFORMS, coerce_bool
+from moe_policy.core.keys import PLATFORMS, coerce_bool
 from moe_policy.core.origin import Origin
 from moe_policy.core.rules import ProblemSink, Rule, parse_rule
 from moe_policy.core.yamlio import LoadedYaml

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from moe_policy import PlatformFacts, Selector
-from moe_policy.core.context import CONTEXT_KEYS
+from moe_policy.core.keys import CONTEXT_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = str(REPO / "configs" / "models" / "qwen3-30b-a3b.json")

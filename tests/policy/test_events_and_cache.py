@@ -132,17 +132,17 @@ def test_warning_filter_as_error_works(make_selector, h200):
 def test_module_level_select_backend_caches_its_selector(h200, monkeypatch):
     """select_backend reuses one Selector for the same arguments and environment."""
     import moe_policy
-    from moe_policy import api
+    from moe_policy.core.state import STATE
 
     for name in [n for n in __import__("os").environ if n.startswith(("MOE_POLICY_", "VLLM_"))]:
         monkeypatch.delenv(name)
     first = moe_policy.select_backend(NEMOTRON, layer_index=0, **h200)
     second = moe_policy.select_backend(NEMOTRON, layer_index=1, **h200)
-    assert len(api._SELECTORS) == 1
+    assert len(STATE.selectors) == 1
     assert first.fingerprint == second.fingerprint
     monkeypatch.setenv("MOE_POLICY_MODE", "strict")
     moe_policy.select_backend(NEMOTRON, layer_index=0, **h200)
-    assert len(api._SELECTORS) == 2
+    assert len(STATE.selectors) == 2
 
 
 def test_unknown_api_argument(h200):

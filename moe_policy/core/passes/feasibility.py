@@ -5,19 +5,17 @@ The first failing check names the reason. Version-added: 0.1.0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 from moe_policy.core.catalog import BackendSpec, Catalog
-from moe_policy.core.context import SelectionContext, parse_capability
+from moe_policy.core.context import SelectionContext
+from moe_policy.core.decision import Candidate, Status
 from moe_policy.core.decision import ReasonCode as R
-from moe_policy.core.passes import Candidates, PassResult
+from moe_policy.core.keys import parse_capability
+from moe_policy.core.passes import Candidates, PassInputs, PassResult
 
 NAME = "feasibility"
-#: An experts class's own check: ``supports(ctx_values) -> (ok, reason)``.
-ExtraCheck = Callable[[Mapping[str, object]], tuple[bool, "str | None"]]
 
 
-def _capability_ok(spec: BackendSpec, capability: str | None) -> tuple[bool, str]:
+def capability_ok(spec: BackendSpec, capability: str | None) -> tuple[bool, str]:
     if not (spec.capability_min or spec.capability_max or spec.capability_any_of):
         return True, ""
     if capability is None:
@@ -43,7 +41,7 @@ def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | N
     if platform not in spec.platforms:
         return R.PLATFORM_UNSUPPORTED, f"platform {platform} (runs on {', '.join(spec.platforms)})"
     if platform == "cuda":
-        ok, why = _capability_ok(spec, v.get("device.capability"))
+        ok, why = capability_ok(spec, v.get("device.capability"))
         if not ok:
             return R.DEVICE_CAPABILITY_UNSUPPORTED, why
     packages = v.get("packages")
@@ -119,19 +117,15 @@ class FeasibilityPass:
 
     name = NAME
 
-    def __init__(
-        self, catalog: Catalog, extra_checks: Mapping[str, ExtraCheck] | None = None
-    ) -> None:
-        self.catalog = catalog
-        self.extra_checks = dict(extra_checks or {})
-
-    def __call__(self, ctx: SelectionContext, candidates: Candidates) -> PassResult:
+    def __call__(
+        self, ctx: SelectionContext, candidates: Candidates, inputs: PassInputs
+    ) -> PassResult:
         out = []
         for cand in candidates:
             if cand.alive:
-                verdict = check_backend(self.catalog.spec(cand.backend), ctx)
-                if verdict is None and cand.backend in self.extra_checks:
-                    ok, why = self.extra_checks[cand.backend](ctx.values)
+                verdict = check_backend(inputs.catalog.spec(cand.backend), ctx)
+                if verdict is None and cand.backend in inputs.extra_checks:
+                    ok, why = inputs.extra_checks[cand.backend](ctx.values)
                     if not ok:
                         verdict = (
                             R.IMPLEMENTATION_UNSUPPORTED,
@@ -147,8 +141,6 @@ def seed_candidates(
     catalog: Catalog, ctx: SelectionContext, priority: tuple[str, ...]
 ) -> Candidates:
     """Every catalog backend: the platform's priority list first, the rest unlisted."""
-    from moe_policy.core.decision import Candidate, Status
-
     listed = [Candidate(name, Status.FEASIBLE) for name in priority if name in catalog]
     rest = [
         Candidate(name, Status.FEASIBLE, listed=False)

@@ -8,10 +8,9 @@ stays only where all of its catalog conditions hold. Version-added: 0.1.0.
 
 from __future__ import annotations
 
-from moe_policy.core.catalog import Catalog
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import ReasonCode
-from moe_policy.core.passes import Candidates, PassResult
+from moe_policy.core.passes import Candidates, PassInputs, PassResult
 
 NAME = "lora"
 
@@ -26,16 +25,15 @@ class LoRAPass:
 
     name = NAME
 
-    def __init__(self, catalog: Catalog) -> None:
-        self.catalog = catalog
-
-    def __call__(self, ctx: SelectionContext, candidates: Candidates) -> PassResult:
+    def __call__(
+        self, ctx: SelectionContext, candidates: Candidates, inputs: PassInputs
+    ) -> PassResult:
         if not ctx.get("lora.enabled"):
             return candidates, ()
         out = []
         for cand in candidates:
             if cand.alive:
-                spec = self.catalog.spec(cand.backend)
+                spec = inputs.catalog.spec(cand.backend)
                 if spec.lora == "false":
                     cand = cand.eliminate(
                         NAME,

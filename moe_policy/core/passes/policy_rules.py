@@ -13,8 +13,7 @@ from dataclasses import replace
 
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Candidate, ReasonCode, RuleRecord
-from moe_policy.core.passes import Candidates, PassResult, TraceEntry
-from moe_policy.core.rules import Rule
+from moe_policy.core.passes import Candidates, PassInputs, PassResult, TraceEntry
 
 NAME = "policy_rules"
 
@@ -33,17 +32,16 @@ def _reorder(
 
 
 class RulesPass:
-    """Applies a rule set, configured once."""
+    """Applies the policy's rules in order; each evaluation is traced, enforced or not."""
 
     name = NAME
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
-        self.rules = tuple(rules)
-
-    def __call__(self, ctx: SelectionContext, candidates: Candidates) -> PassResult:
+    def __call__(
+        self, ctx: SelectionContext, candidates: Candidates, inputs: PassInputs
+    ) -> PassResult:
         cands = list(candidates)
         trace: list[TraceEntry] = []
-        for rule in self.rules:
+        for rule in inputs.policy.rules:
             matched, missing = rule.evaluate(ctx.values)
             applied = matched and rule.action == "enforce"
             trace.append(

@@ -12,47 +12,54 @@ from dataclasses import replace
 
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Adaptation, Override
-from moe_policy.core.passes import Candidates, PassResult, TraceEntry
+from moe_policy.core.passes import Candidates, PassInputs, PassResult, TraceEntry
 
 NAME = "request"
 #: Standard-format backends and their batched-format counterparts.
 BATCHED_COUNTERPART = {"triton": "batched_triton"}
 
 
-def request_pass(ctx: SelectionContext, candidates: Candidates) -> PassResult:
-    request = ctx.request
-    if request is None:
-        return candidates, ()
-    trace: list[TraceEntry] = []
-    wanted = request.backend
-    if ctx.format == "batched" and wanted in BATCHED_COUNTERPART:
-        adapted = BATCHED_COUNTERPART[wanted]
-        trace.append(
-            Adaptation(
-                wanted,
-                adapted,
-                f"the deployment delivers the batched format (parallel.all2all={ctx.get('parallel.all2all')}); "
-                f"{adapted} is {wanted}'s batched counterpart",
-                request.origin,
-            )
-        )
-        wanted = adapted
-    out = []
-    for cand in candidates:
-        if cand.backend == wanted:
-            cand = replace(cand, requested=True)
-            if not cand.alive:
-                assert cand.reason_code is not None and cand.detail and cand.pass_name
-                trace.append(
-                    Override(
-                        requested=request.backend,
-                        selected=None,
-                        reason_code=cand.reason_code,
-                        detail=cand.detail,
-                        pass_name=cand.pass_name,
-                        origin=request.origin,
-                        rule=cand.rule,
-                    )
+class RequestPass:
+    """Marks the requested backend; a request for an eliminated one becomes an override."""
+
+    name = NAME
+
+    def __call__(
+        self, ctx: SelectionContext, candidates: Candidates, inputs: PassInputs
+    ) -> PassResult:
+        request = ctx.request
+        if request is None:
+            return candidates, ()
+        trace: list[TraceEntry] = []
+        wanted = request.backend
+        if ctx.format == "batched" and wanted in BATCHED_COUNTERPART:
+            adapted = BATCHED_COUNTERPART[wanted]
+            trace.append(
+                Adaptation(
+                    wanted,
+                    adapted,
+                    f"the deployment delivers the batched format (parallel.all2all={ctx.get('parallel.all2all')}); "
+                    f"{adapted} is {wanted}'s batched counterpart",
+                    request.origin,
                 )
-        out.append(cand)
-    return tuple(out), tuple(trace)
+            )
+            wanted = adapted
+        out = []
+        for cand in candidates:
+            if cand.backend == wanted:
+                cand = replace(cand, requested=True)
+                if not cand.alive:
+                    assert cand.reason_code is not None and cand.detail and cand.pass_name
+                    trace.append(
+                        Override(
+                            requested=request.backend,
+                            selected=None,
+                            reason_code=cand.reason_code,
+                            detail=cand.detail,
+                            pass_name=cand.pass_name,
+                            origin=request.origin,
+                            rule=cand.rule,
+                        )
+                    )
+            out.append(cand)
+        return tuple(out), tuple(trace)

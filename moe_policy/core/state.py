@@ -1,0 +1,73 @@
+"""Every piece of process-global state moe_policy keeps, in one place, with one ``reset()``.
+
+The modules that use a piece own its behaviour (the probe, the catalog loader, the
+reporter, the selector cache); the data lives here so that one call forgets all of it
+(tests, a changed environment). Decision ids keep counting across resets, so an id is
+never issued twice in a process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from moe_policy.core.catalog import Catalog
+    from moe_policy.core.platform import PlatformFacts
+
+
+@dataclass
+class ReportingState:
+    """What the default reporter remembers: decisions seen (with counts), notices and
+    audit failures already shown."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    notices_seen: set[tuple[str, str]] = field(default_factory=set)
+    audit_failures: set[tuple[str, str]] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.counts.clear()
+            self.notices_seen.clear()
+            self.audit_failures.clear()
+
+
+@dataclass
+class ProcessState:
+    """The process's caches and overrides."""
+
+    #: Cached ``Selector`` objects of ``select_backend``/``explain``, by their arguments.
+    selectors: dict[Any, Any] = field(default_factory=dict)
+    selectors_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The probed platform (probed once) and a pinned one (``override_platform``).
+    probed_platform: PlatformFacts | None = None
+    pinned_platform: PlatformFacts | None = None
+    #: The built-in catalog, parsed once.
+    catalog: Catalog | None = None
+    reporting: ReportingState = field(default_factory=ReportingState)
+    id_prefix: str = field(default_factory=lambda: os.urandom(4).hex())
+    id_counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+STATE = ProcessState()
+
+
+def next_decision_id() -> str:
+    """Unique per decision in a process, unique across processes with high probability."""
+    return f"{STATE.id_prefix}-{next(STATE.id_counter):08x}"
+
+
+def reset() -> None:
+    """Forget cached selectors, the probed platform, the catalog and what was reported.
+
+    A platform pinned with ``override_platform`` stays pinned until its block ends.
+    """
+    with STATE.selectors_lock:
+        STATE.selectors.clear()
+    STATE.probed_platform = None
+    STATE.catalog = None
+    STATE.reporting.clear()
