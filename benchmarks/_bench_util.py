@@ -336,42 +336,6 @@ def time_graphs_interleaved(
     return out
 
 
-def time_against_shipped(
-    shape: MoEShape,
-    t: int,
-    variants: dict[str, Sequence[Callable[[], Any]]],
-    *,
-    rounds: int,
-    duty: float,
-    checked: Sequence[str] = (),
-) -> list[dict[str, Any]]:
-    """A/B of layer variants against ``variants["shipped"]``: each name in ``checked`` is
-    called twice per routing set and its largest relative difference to the shipped output
-    and whether the two calls agree bit for bit are printed; then every variant is timed
-    interleaved (``time_graphs_interleaved``, 20 replays a sample) and printed fastest first
-    with its ratio to the fixed-ceiling bound and to the shipped layer; returns those rows."""
-    import torch
-
-    ref = [c() for c in variants["shipped"]]
-    for name in checked:
-        outs, again = [c() for c in variants[name]], [c() for c in variants[name]]
-        torch.cuda.synchronize()
-        err = max(((o - r).abs().max() / r.abs().max()).item()
-                  for o, r in zip(outs, ref, strict=True))  # fmt: skip
-        same = all(torch.equal(a, b) for a, b in zip(outs, again, strict=True))
-        print(f"{shape.name} T={t} {name}: max rel diff to shipped {err:.2e}, repeatable {same}")
-    times = time_graphs_interleaved(variants, rounds=rounds, replays=20, duty=duty)
-    bound = lower_bound_us(shape, t, 4.29, 781.0)
-    base = times["shipped"]["us"]
-    rows = []
-    for name, r in sorted(times.items(), key=lambda kv: kv[1]["us"]):
-        us = r["us"]
-        print(f"  {shape.name} T={t} {name:22s} {us:8.2f} us  x{us / bound:.3f} bound  "
-              f"{us / base:.3f} of shipped")  # fmt: skip
-        rows.append(dict(shape=shape.name, T=t, variant=name, us=us, ratio=us / bound))
-    return rows
-
-
 def time_eager_us(calls: Sequence[Callable[[], Any]], reps: int = 20) -> dict[str, float]:
     """Event-timed eager calls (for code that cannot be graph-captured); median µs per call."""
     i = [0]
