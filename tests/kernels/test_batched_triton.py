@@ -6,23 +6,25 @@ on the GPU (``-m gpu``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from moe_cases import (
+
+from moe_policy.experts.base import ExpertsConfig
+from moe_policy.experts.batched_format import combine_from_batched, dispatch_to_batched
+from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
+from moe_policy.experts.testing import (
     FULL_SHAPES,
     ON_GPU,
     dtypes_for_device,
     make_lora,
     make_weights,
     make_x,
+    reference_output,
     rel_err,
     skewed_routing,
 )
-
-from moe_policy.experts.base import ExpertsConfig
-from moe_policy.experts.batched_format import combine_from_batched, dispatch_to_batched
-from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
-from moe_policy.experts.reference import fused_moe_reference
 from moe_policy.experts.triton.batched import (
     BatchedTritonExperts,
     _lora_shrink,
@@ -99,17 +101,8 @@ def test_matches_reference(
     experts = BatchedTritonExperts(cfg, wt["w13"], wt["w2"], wt["w13_bias"], wt["w2_bias"])
 
     out, yb, d = run_batched(experts, x, ids, w, t, token_lora if use_lora else None, ad)
-    ref = fused_moe_reference(
-        x,
-        wt["w13"],
-        wt["w2"],
-        w,
-        ids,
-        activation=activation,
-        gated=gated,
-        w13_bias=wt["w13_bias"],
-        w2_bias=wt["w2_bias"],
-        lora=MoELoRAContext(ad, token_lora) if ad is not None else None,
+    ref = reference_output(
+        cfg, wt, x, w, ids, MoELoRAContext(ad, token_lora) if ad is not None else None
     )
     counts = d.expert_num_tokens.tolist()
     assert counts[0] == 0 and counts[1] == t  # empty and full experts
@@ -117,17 +110,7 @@ def test_matches_reference(
     assert torch.isfinite(yb[valid]).all(), "a valid row was not written"
     assert rel_err(out, ref) < REL_L2[dtype]
     if use_lora:  # the adapters must matter, or this test proves nothing
-        base = fused_moe_reference(
-            x,
-            wt["w13"],
-            wt["w2"],
-            w,
-            ids,
-            activation=activation,
-            gated=gated,
-            w13_bias=wt["w13_bias"],
-            w2_bias=wt["w2_bias"],
-        )
+        base = reference_output(cfg, wt, x, w, ids)
         assert rel_err(base, ref) > 20 * REL_L2[dtype]
 
 
@@ -149,10 +132,9 @@ def test_swiglu_clamp_limit_is_applied(use_lora: bool, device: str) -> None:
     out, _, _ = run_batched(experts, x, ids, w, t, token_lora if use_lora else None, ad)
 
     def ref(limit: float) -> torch.Tensor:
-        return fused_moe_reference(
-            x, wt["w13"], wt["w2"], w, ids, activation="swigluoai", w13_bias=wt["w13_bias"],
-            w2_bias=wt["w2_bias"], lora=MoELoRAContext(ad, token_lora) if ad else None,
-            swiglu_limit=limit,
+        return reference_output(
+            dataclasses.replace(cfg, swiglu_limit=limit), wt, x, w, ids,
+            MoELoRAContext(ad, token_lora) if ad else None,
         )  # fmt: skip
 
     assert rel_err(out, ref(0.5)) < REL_L2[dtype]
@@ -200,16 +182,7 @@ def test_router_weight_on_input(device: str) -> None:
         d.x, d.expert_num_tokens, MoELoRAContext(ad, d.lora_mapping)
     )
     out = combine_from_batched(yb, d.index_map, w, t, apply_router_weight=False)
-    ref = fused_moe_reference(
-        x,
-        wt["w13"],
-        wt["w2"],
-        w,
-        ids,
-        activation="silu",
-        apply_router_weight_on_input=True,
-        lora=MoELoRAContext(ad, token_lora),
-    )
+    ref = reference_output(cfg, wt, x, w, ids, MoELoRAContext(ad, token_lora))
     # x * w is rounded to the working dtype at dispatch: one more rounding than the reference.
     assert rel_err(out, ref) < 2 * REL_L2[dtype]
 
@@ -349,16 +322,7 @@ def test_full_shape_gpu(model: str, num_tokens: int, use_lora: bool, full_layers
     out, _, _ = run_batched(
         experts, x, ids, w, max_tokens, token_lora if use_lora else None, ad if use_lora else None
     )
-    ref = fused_moe_reference(
-        x,
-        wt["w13"],
-        wt["w2"],
-        w,
-        ids,
-        activation=cfg.activation,
-        gated=cfg.gated,
-        lora=MoELoRAContext(ad, token_lora) if use_lora else None,
-    )
+    ref = reference_output(cfg, wt, x, w, ids, MoELoRAContext(ad, token_lora) if use_lora else None)
     err = rel_err(out, ref)
     print(f"{model} T={t} lora={use_lora}: rel_err={err:.2e}")
     assert err < GPU_BF16_REL_L2
@@ -397,7 +361,5 @@ def test_cuda_graph_replay_follows_device_counts() -> None:
         slots.copy_(d.lora_mapping)
         graph.replay()
         out = combine_from_batched(yb, d.index_map, w, t)
-        ref = fused_moe_reference(
-            x, wt["w13"], wt["w2"], w, ids, activation="silu", lora=MoELoRAContext(ad, token_lora)
-        )
+        ref = reference_output(cfg, wt, x, w, ids, MoELoRAContext(ad, token_lora))
         assert rel_err(out, ref) < GPU_BF16_REL_L2

@@ -17,7 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import (  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig  # noqa: E402
+from moe_policy.experts.testing import (  # noqa: E402
     dtypes_for_device,
     lora_context,
     lora_mapping,
@@ -25,10 +26,7 @@ from moe_cases import (  # noqa: E402
     make_routing,
     make_weights,
     make_x,
-    record_launches,
 )
-
-from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.triton import config as tc  # noqa: E402
 from moe_policy.experts.triton import fused_moe as triton_moe  # noqa: E402
 from moe_policy.experts.triton import lora as triton_lora  # noqa: E402
@@ -40,7 +38,7 @@ _SWITCHES = {"PDL": False, "PDL_LATE": False, "TRIGGER": False, "launch_pdl": Fa
 _NAMES = {"_lora_shrink_kernel": "shrink", "_moe_gemm_kernel": "gemm", "_moe_sum_kernel": "sum"}
 
 
-def _record(monkeypatch) -> list[tuple[str, dict]]:
+def _record(monkeypatch, record_launches) -> list[tuple[str, dict]]:
     """Record every launch of the call's kernels; run them with the PDL switches off."""
     log: list[tuple[str, dict]] = []
 
@@ -49,7 +47,7 @@ def _record(monkeypatch) -> list[tuple[str, dict]]:
 
     for module, attr in ((triton_lora, "_lora_shrink_kernel"), (triton_moe, "_moe_gemm_kernel"),
                          (triton_moe, "_moe_sum_kernel")):  # fmt: skip
-        record_launches(monkeypatch, module, attr, log=log, rewrite=plain)
+        record_launches(module, attr, log=log, rewrite=plain)
     monkeypatch.setattr(triton_moe, "_pdl_usable", lambda x: True)
     return log
 
@@ -84,11 +82,11 @@ def _names(plan):
     return [name for name, _ in plan]
 
 
-def test_decode_lora_every_kernel_after_the_first_waits(monkeypatch):
+def test_decode_lora_every_kernel_after_the_first_waits(monkeypatch, record_launches):
     """Decode with LoRA (LORA_PDL, whatever the config says): the x shrink runs first as a
     plain launch that triggers GEMM 1; GEMM 1 and GEMM 2 wait late, the w2 shrink and the sum
     wait at once, and each shrink triggers its GEMM after its own wait."""
-    log = _record(monkeypatch)
+    log = _record(monkeypatch, record_launches)
     _call(3, lora=True, pdl=False, naive=True)
     plan = _plan(log)
     assert _names(plan) == ["shrink", "gemm", "shrink", "gemm", "sum"]
@@ -100,9 +98,9 @@ def test_decode_lora_every_kernel_after_the_first_waits(monkeypatch):
     assert sm["launch_pdl"] and sm["PDL"]
 
 
-def test_aligned_lora_waits_on_the_alignment(monkeypatch):
+def test_aligned_lora_waits_on_the_alignment(monkeypatch, record_launches):
     """With the alignment in front, the x shrink is a dependent too and waits at once."""
-    log = _record(monkeypatch)
+    log = _record(monkeypatch, record_launches)
     _call(40, lora=True, pdl=False, naive=False)
     plan = _plan(log)
     assert _names(plan) == ["shrink", "gemm", "shrink", "gemm", "sum"]
@@ -110,10 +108,10 @@ def test_aligned_lora_waits_on_the_alignment(monkeypatch):
     assert all(sw["launch_pdl"] and sw["PDL"] for _, sw in plan)
 
 
-def test_without_lora_pdl_follows_the_config(monkeypatch):
+def test_without_lora_pdl_follows_the_config(monkeypatch, record_launches):
     """No LoRA: no dependent launch unless the config asks; with pdl on, decode GEMM 1 is the
     call's first kernel (plain) and GEMM 2, which sums the top k itself, waits at once."""
-    log = _record(monkeypatch)
+    log = _record(monkeypatch, record_launches)
     _call(3, lora=False, pdl=False, naive=True)
     plan = _plan(log)
     assert _names(plan) == ["gemm", "gemm"]  # GEMM 2 writes the top-k sum (decode)
@@ -128,10 +126,12 @@ def test_without_lora_pdl_follows_the_config(monkeypatch):
     assert all(sw["launch_pdl"] and sw["PDL"] and not sw["PDL_LATE"] for _, sw in plan)
 
 
-def test_decode_gemm1_lets_gemm2_start_only_when_its_grid_leaves_sms_idle(monkeypatch):
+def test_decode_gemm1_lets_gemm2_start_only_when_its_grid_leaves_sms_idle(
+    monkeypatch, record_launches
+):
     """Decode with pdl: GEMM 1 triggers GEMM 2 at its start when its programs (12 pairs x 1 N
     tile here) fit on the SMs at once; with more programs, or without pdl, nothing triggers."""
-    log = _record(monkeypatch)
+    log = _record(monkeypatch, record_launches)
     monkeypatch.setattr(triton_moe, "sm_count", lambda device: 12)
     _call(3, lora=False, pdl=True, naive=True)
     (_, g1), (_, g2) = _plan(log)
@@ -147,10 +147,10 @@ def test_decode_gemm1_lets_gemm2_start_only_when_its_grid_leaves_sms_idle(monkey
     assert not any(sw["TRIGGER"] for _, sw in _plan(log))
 
 
-def test_config_trigger_overrides_the_rule(monkeypatch):
+def test_config_trigger_overrides_the_rule(monkeypatch, record_launches):
     """config.trigger True triggers however many programs GEMM 1 has, False never does; both
     only at decode with dependent launches and without LoRA."""
-    log = _record(monkeypatch)
+    log = _record(monkeypatch, record_launches)
     monkeypatch.setattr(triton_moe, "sm_count", lambda device: 1)
     _call(3, lora=False, pdl=True, naive=True, trigger=True)
     (_, g1), (_, g2) = _plan(log)
@@ -165,9 +165,9 @@ def test_config_trigger_overrides_the_rule(monkeypatch):
     assert not any(sw["TRIGGER"] for _, sw in _plan(log))
 
 
-def test_lora_pdl_switch_off_leaves_it_to_the_config(monkeypatch):
+def test_lora_pdl_switch_off_leaves_it_to_the_config(monkeypatch, record_launches):
     """triton_moe.LORA_PDL = False: a LoRA call without config.pdl launches nothing dependent."""
-    log = _record(monkeypatch)
+    log = _record(monkeypatch, record_launches)
     monkeypatch.setattr(triton_moe, "LORA_PDL", False)
     _call(3, lora=True, pdl=False, naive=True)
     plan = _plan(log)

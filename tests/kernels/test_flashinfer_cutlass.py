@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from moe_cases import make_weights, rel_err
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.flashinfer_cutlass import FlashInferCutlassExperts, swap_gate_up
 from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
-from moe_policy.experts.reference import fused_moe_reference
+from moe_policy.experts.testing import (
+    make_weights,
+    reference_output,
+    rel_err,
+)
 
 #: bf16 inputs (the adapter's dtypes); the fake and the reference both accumulate in fp64/fp32,
 #: so the difference is the final rounding of the output to bf16 (2^-9 relative).
@@ -226,16 +229,7 @@ def test_apply_maps_arguments_and_matches_reference(
     assert call["fc1_expert_weights"] is ex.weights["fc1"]
     if weight_on_input:
         assert torch.all(call["token_final_scales"] == 1)
-    ref = fused_moe_reference(
-        x,
-        wt["w13"],
-        wt["w2"],
-        w.float(),
-        ids,
-        activation=activation,
-        gated=gated,
-        apply_router_weight_on_input=weight_on_input,
-    )
+    ref = reference_output(cfg, wt, x, w.float(), ids)
     assert rel_err(out, ref) < BF16_REL_L2
 
 
@@ -249,7 +243,7 @@ def test_unswapped_layout_would_fail(fake_flashinfer: list) -> None:
     w = torch.rand(t, 2)
     ex = FlashInferCutlassExperts(cfg, wt["w13"], wt["w2"])
     ex.weights["fc1"] = wt["w13"]  # simulate a missing half-swap
-    ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids)
+    ref = reference_output(cfg, wt, x, w, ids)
     assert rel_err(ex.apply(x, w, ids), ref) > 0.1
 
 

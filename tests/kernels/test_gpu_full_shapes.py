@@ -12,11 +12,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import lora_context, rel_err  # noqa: E402
-
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.lora import MoELoRAAdapters  # noqa: E402
-from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
+from moe_policy.experts.testing import (  # noqa: E402
+    lora_context,
+    make_lora,
+    make_routing,
+    make_weights,
+    make_x,
+    reference_output,
+    rel_err,
+    seeded,
+)
 from moe_policy.experts.triton import fused_moe as triton_moe  # noqa: E402
 from moe_policy.experts.triton.fused_moe import TritonExperts  # noqa: E402
 
@@ -49,15 +56,7 @@ def layers():
             cache.clear()
             torch.cuda.empty_cache()
             cfg = SHAPES[name]
-            g = torch.Generator(device="cuda").manual_seed(0)
-
-            def rnd(*size: int, fan: int) -> torch.Tensor:
-                return (torch.randn(*size, device="cuda", generator=g) / fan**0.5).bfloat16()
-
-            e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-            w = {"w13": rnd(e, cfg.w13_rows, h, fan=h), "w2": rnd(e, h, i, fan=i),
-                 "w13_bias": rnd(e, cfg.w13_rows, fan=25) if cfg.has_bias else None,
-                 "w2_bias": rnd(e, h, fan=25) if cfg.has_bias else None}  # fmt: skip
+            w = make_weights(cfg, torch.bfloat16, "cuda", seed=0)
             backend = TritonExperts(cfg, w["w13"], w["w2"], w["w13_bias"], w["w2_bias"])
             cache[name] = (cfg, w, backend)
         return cache[name]
@@ -66,32 +65,16 @@ def layers():
 
 
 def _inputs(cfg: ExpertsConfig, t: int, seed: int):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(t, cfg.hidden_size, device="cuda", generator=g).bfloat16()
-    logits = torch.randn(t, cfg.num_experts, device="cuda", generator=g)
-    tw, ti = torch.topk(logits.softmax(-1), cfg.top_k, dim=-1)
-    return x, (tw / tw.sum(-1, keepdim=True)).contiguous(), ti.int().contiguous()
+    g = seeded(seed, "cuda")
+    x = make_x(t, cfg.hidden_size, torch.bfloat16, "cuda", generator=g)
+    tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, "cuda", generator=g)
+    return x, tw, ti
 
 
 def _adapters(cfg: ExpertsConfig) -> MoELoRAAdapters:
-    g = torch.Generator(device="cuda").manual_seed(7)
-    e, h, i, s = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.num_lora_slices
-    ad = MoELoRAAdapters.allocate(num_slots=LORA_SLOTS, num_experts=e, hidden_size=h,
-                                  intermediate_size=i, max_rank=LORA_RANK, num_slices=s,
-                                  dtype=torch.bfloat16, device="cuda")  # fmt: skip
-    rnd = lambda *sz, fan: (torch.randn(*sz, device="cuda", generator=g) / fan**0.5).bfloat16()  # noqa: E731
-    for slot, r in enumerate((16, 8, 16, 4)):  # ranks below the max rank are zero-padded
-        ad.set_adapter(slot, w13_a=[rnd(e, r, h, fan=h) for _ in range(s)],
-                       w13_b=[rnd(e, i, r, fan=r) for _ in range(s)],
-                       w2_a=rnd(e, r, i, fan=i), w2_b=rnd(e, h, r, fan=r), scaling=2.0)  # fmt: skip
-    return ad
-
-
-def _reference(cfg, w, x, tw, ti, lora=None):
-    return fused_moe_reference(
-        x, w["w13"], w["w2"], tw, ti, activation=cfg.activation, gated=cfg.gated,
-        w13_bias=w["w13_bias"], w2_bias=w["w2_bias"], lora=lora,
-    )  # fmt: skip
+    """Ranks below the max rank are zero-padded."""
+    return make_lora(cfg, num_slots=LORA_SLOTS, max_rank=LORA_RANK, ranks=[16, 8, 16, 4],
+                     dtype=torch.bfloat16, device="cuda", generator=seeded(7, "cuda"))  # fmt: skip
 
 
 @pytest.mark.parametrize("t", TOKENS)
@@ -101,7 +84,7 @@ def test_full_shape_bf16(name, t, layers):
     cfg, w, backend = layers(name)
     x, tw, ti = _inputs(cfg, t, seed=t)
     out = backend.apply(x, tw, ti)
-    ref = _reference(cfg, w, x, tw, ti)
+    ref = reference_output(cfg, w, x, tw, ti)
     err = rel_err(out, ref)
     assert err < BF16_REL_TOL, f"{name} T={t}: relative error {err:.2e}"
 
@@ -117,7 +100,7 @@ def test_full_shape_lora_bf16(name, t, layers, monkeypatch):
     mapping = torch.where(idx % 3 == 0, -1, idx % LORA_SLOTS).int()
     ctx = lora_context(ad, mapping)
     out = backend.apply(x, tw, ti, ctx)
-    ref = _reference(cfg, w, x, tw, ti, ctx)
+    ref = reference_output(cfg, w, x, tw, ti, ctx)
     err = rel_err(out, ref)
     assert err < BF16_REL_TOL, f"{name} T={t}: relative error {err:.2e}"
     none = mapping < 0

@@ -21,11 +21,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import make_lora, make_routing, make_weights, rel_err  # noqa: E402
-
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.lora import MoELoRAContext  # noqa: E402
-from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
+from moe_policy.experts.testing import (  # noqa: E402
+    make_lora,
+    make_routing,
+    make_weights,
+    reference_output,
+    rel_err,
+)
 from moe_policy.experts.triton.batched import BatchedTritonExperts  # noqa: E402
 from moe_policy.experts.triton.fused_moe import TritonExperts  # noqa: E402
 
@@ -74,8 +78,7 @@ def _reference(cfg, wt, x, w, ids, lora=None):
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        return fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, activation=cfg.activation,
-                                   gated=cfg.gated, lora=lora)  # fmt: skip
+        return reference_output(cfg, wt, x, w, ids, lora)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_cases import FULL_SHAPES, make_lora, make_weights, rel_err
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.grouped_mm import (
@@ -16,6 +15,13 @@ from moe_policy.experts.grouped_mm import (
 )
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.reference import fused_moe_reference
+from moe_policy.experts.testing import (
+    FULL_SHAPES,
+    make_lora,
+    make_weights,
+    reference_output,
+    rel_err,
+)
 
 #: fp32 on the CPU: same fp32 products as the reference, summed in another order.
 CPU_FP32_REL_L2 = 1e-5
@@ -195,9 +201,7 @@ def test_full_shape_gpu(model: str, num_tokens: int, use_lora: bool) -> None:
     token_lora = (torch.arange(num_tokens, device="cuda", dtype=torch.int32) % 5) - 1
     lora = MoELoRAContext(ad, token_lora) if ad is not None else None
     out = TorchGroupedMMExperts(cfg, wt["w13"], wt["w2"]).apply(x, w, ids, lora)
-    ref = fused_moe_reference(
-        x, wt["w13"], wt["w2"], w, ids, activation=act, gated=gated, lora=lora
-    )
+    ref = reference_output(cfg, wt, x, w, ids, lora)
     err = rel_err(out, ref)
     print(f"grouped_mm {model} T={num_tokens} lora={use_lora}: rel_err={err:.2e}")
     assert err < GPU_BF16_REL_L2
@@ -219,17 +223,7 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
     w = torch.rand(t, k, device="cuda")
     lora = MoELoRAContext(ad, (torch.arange(t, device="cuda", dtype=torch.int32) % 4) - 1)
     ex = TorchGroupedMMExperts(cfg, wt["w13"], wt["w2"], wt["w13_bias"], wt["w2_bias"])
-    ref = fused_moe_reference(
-        x,
-        wt["w13"],
-        wt["w2"],
-        w,
-        ids,
-        activation="swigluoai",
-        w13_bias=wt["w13_bias"],
-        w2_bias=wt["w2_bias"],
-        lora=lora,
-    )
+    ref = reference_output(cfg, wt, x, w, ids, lora)
     assert rel_err(ex.apply(x, w, ids, lora), ref) < GPU_BF16_REL_L2
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -241,15 +235,5 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
         out = ex.apply(x, w, ids, lora)
     x.copy_(torch.randn(t, h, device="cuda").to(torch.bfloat16))
     graph.replay()
-    ref2 = fused_moe_reference(
-        x,
-        wt["w13"],
-        wt["w2"],
-        w,
-        ids,
-        activation="swigluoai",
-        w13_bias=wt["w13_bias"],
-        w2_bias=wt["w2_bias"],
-        lora=lora,
-    )
+    ref2 = reference_output(cfg, wt, x, w, ids, lora)
     assert rel_err(out, ref2) < GPU_BF16_REL_L2

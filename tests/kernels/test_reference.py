@@ -8,11 +8,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from moe_cases import lora_mapping, make_lora, make_routing, make_weights, make_x  # noqa: E402
-
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.lora import MoELoRAContext  # noqa: E402
 from moe_policy.experts.reference import ReferenceExperts, fused_moe_reference  # noqa: E402
+from moe_policy.experts.testing import (  # noqa: E402
+    lora_mapping,
+    make_lora,
+    make_routing,
+    make_weights,
+    make_x,
+)
 
 #: Both sides compute in float64 from the same inputs; only summation order differs.
 FP64_TOL = 1e-12

@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import (  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig  # noqa: E402
+from moe_policy.experts.testing import (  # noqa: E402
     ON_GPU,
     dtypes_for_device,
     lora_context,
@@ -23,12 +24,9 @@ from moe_cases import (  # noqa: E402
     make_routing,
     make_weights,
     make_x,
-    record_launches,
+    reference_output,
     rel_err,
 )
-
-from moe_policy.experts.base import ExpertsConfig  # noqa: E402
-from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
 from moe_policy.experts.triton import config as tc  # noqa: E402
 from moe_policy.experts.triton.align import moe_align  # noqa: E402
 from moe_policy.experts.triton.fused_moe import TritonExperts, fused_moe_triton  # noqa: E402
@@ -38,24 +36,6 @@ from moe_policy.experts.triton.lora import lora_shrink  # noqa: E402
 REL_TOL = {torch.float32: 1e-3 if ON_GPU else 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 #: fp32 shrink against a float64 matmul (tf32 dots on a GPU).
 SHRINK_TOL = {torch.float32: 2e-3 if ON_GPU else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-def _ref(cfg, wts, x, tw, ti, lora):
-    d = lambda t: None if t is None else t.double()  # noqa: E731
-    return fused_moe_reference(
-        x.double(), d(wts["w13"]), d(wts["w2"]), tw.double(), ti,
-        activation=cfg.activation, gated=cfg.gated, w13_bias=d(wts["w13_bias"]),
-        w2_bias=d(wts["w2_bias"]), apply_router_weight_on_input=cfg.apply_router_weight_on_input,
-        lora=lora,
-    )  # fmt: skip
-
-
-def _double_lora(ctx):
-    ad = ctx.adapters
-    cast = type(ad)(
-        ad.w13_a.double(), ad.w13_b.double(), ad.w2_a.double(), ad.w2_b.double(), ad.enabled
-    )
-    return lora_context(cast, ctx.token_lora_mapping)
 
 
 CASES = [
@@ -119,7 +99,7 @@ def test_lora_matches_reference(cfg, t, mapping, ranks, disabled, device):
     ctx = lora_context(ad, lora_mapping(t, mapping, 3, device))
     backend = TritonExperts(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"])
     out = backend.apply(x, tw, ti, ctx)
-    ref = _ref(cfg, wts, x, tw, ti, _double_lora(ctx))
+    ref = reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64)
     err = rel_err(out, ref)
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
     # the adapters matter: the base output is measurably different where they apply
@@ -143,7 +123,7 @@ def test_lora_split_k_shrink_matches_reference(device):
     ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
     ctx = lora_context(ad, lora_mapping(3, "round_robin", 2, device))
     out = TritonExperts(cfg, wts["w13"], wts["w2"]).apply(x, tw, ti, ctx)
-    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    err = rel_err(out, reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
 
 
@@ -202,7 +182,7 @@ def test_lora_large_tiles_and_ranks(cfg, tiles, max_rank, ranks, device):
     backend = TritonExperts(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"],
                             tile_config=tiles)  # fmt: skip
     out = backend.apply(x, tw, ti, ctx)
-    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    err = rel_err(out, reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
     none = ctx.token_lora_mapping < 0
     assert torch.equal(out[none], backend.apply(x, tw, ti)[none])
@@ -244,7 +224,9 @@ TILES_128 = tc.MoEConfig(128, tc.GemmConfig(32, 32, 1, 4, 2), tc.GemmConfig(32, 
      (ExpertsConfig(4, 32, 32, 2, "relu2", gated=False), False)],
     ids=["one-dot", "two-dot", "non-gated"],
 )  # fmt: skip
-def test_lora_b_tiles_ahead_with_every_slot_in_a_block(cfg, one_dot, device, monkeypatch):
+def test_lora_b_tiles_ahead_with_every_slot_in_a_block(
+    cfg, one_dot, device, monkeypatch, record_launches
+):
     """128-row tiles load the B tiles of the block's lowest and highest slots before the main
     loop and the slots in between after it; with all four slots (one disabled, some tokens
     without an adapter) in each expert's one block the result matches the reference and the
@@ -263,17 +245,19 @@ def test_lora_b_tiles_ahead_with_every_slot_in_a_block(cfg, one_dot, device, mon
     mapping = torch.where(torch.arange(40) % 5 == 4, -1, torch.arange(40) % 4).int().to(device)
     ctx = lora_context(ad, mapping)
     backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=tiles)
-    seen = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    seen = record_launches(triton_moe, "_moe_gemm_kernel")
     out = backend.apply(x, tw, ti, ctx)
     assert [kw["LORA_B_AHEAD"] for _, kw in seen] == [True, True]
-    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    err = rel_err(out, reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
     monkeypatch.setattr(triton_moe, "LORA_B_AHEAD", False)
     assert torch.equal(out, backend.apply(x, tw, ti, ctx))
     assert [kw["LORA_B_AHEAD"] for _, kw in seen[2:]] == [False, False]
 
 
-def test_lora_b_tiles_ahead_only_where_blocks_hold_few_slots_or_tiles_are_large(monkeypatch):
+def test_lora_b_tiles_ahead_only_where_blocks_hold_few_slots_or_tiles_are_large(
+    monkeypatch, record_launches
+):
     """The rule: decode (one pair per block), pairs ordered by adapter, or 128-row tiles; not
     16-64-row tiles holding every slot (slower there on the H200)."""
     from moe_policy.experts.triton import fused_moe as triton_moe
@@ -284,7 +268,7 @@ def test_lora_b_tiles_ahead_only_where_blocks_hold_few_slots_or_tiles_are_large(
     wts = make_weights(cfg, dtype, device)
     ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
     backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=TILES_16_TMA)
-    seen = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    seen = record_launches(triton_moe, "_moe_gemm_kernel")
     for t, naive, want in ((2, True, True), (3, False, False), (67, False, True)):
         x = make_x(t, 32, dtype, device)
         tw, ti = make_routing(t, 4, 2, device, seed=2)
@@ -317,8 +301,8 @@ def test_out_of_range_slots_mean_no_adapter(t, e, device):
     out = backend.apply(x, tw, ti, lora_context(ad, bad))
     assert torch.equal(out, backend.apply(x, tw, ti, lora_context(ad, fixed)))
     assert not torch.equal(out, backend.apply(x, tw, ti, lora_context(ad, good)))
-    ref_bad = _ref(cfg, wts, x, tw, ti, _double_lora(lora_context(ad, bad)))
-    ref_fixed = _ref(cfg, wts, x, tw, ti, _double_lora(lora_context(ad, fixed)))
+    ref_bad = reference_output(cfg, wts, x, tw, ti, lora_context(ad, bad), dtype=torch.float64)
+    ref_fixed = reference_output(cfg, wts, x, tw, ti, lora_context(ad, fixed), dtype=torch.float64)
     assert torch.equal(ref_bad, ref_fixed)
 
 
@@ -402,7 +386,7 @@ def test_lora_unsplit_shrink_small_tiles_match_reference(device):
     ctx = lora_context(ad, lora_mapping(t, "some_none", 4, device))
     backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=tiles)
     out = backend.apply(x, tw, ti, ctx)
-    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    err = rel_err(out, reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
 
 
@@ -434,7 +418,7 @@ def test_lora_with_pairs_ordered_by_adapter(tiles, device, monkeypatch):
     monkeypatch.setattr(triton_moe, "moe_align", recording)
     out = backend.apply(x, tw, ti, ctx)
     assert orders == [True]
-    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    err = rel_err(out, reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
     monkeypatch.setattr(
         triton_moe, "moe_align", lambda *a, **k: align(*a, **{**k, "adapter_order": None})
@@ -460,5 +444,5 @@ def test_lora_with_dependent_launches_matches_reference(naive, device):
     conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
     out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti,
                            config=replace(TILES_16_TMA, pdl=True), lora=ctx, naive=naive)  # fmt: skip
-    err = rel_err(out, _ref(cfg, wts, x, tw, ti, _double_lora(ctx)))
+    err = rel_err(out, reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"

@@ -15,18 +15,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import (  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig, sm_count  # noqa: E402
+from moe_policy.experts.testing import (  # noqa: E402
     ON_GPU,
     dtypes_for_device,
     make_routing,
     make_weights,
     make_x,
-    record_launches,
+    reference_output,
     rel_err,
 )
-
-from moe_policy.experts.base import ExpertsConfig, sm_count  # noqa: E402
-from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
 from moe_policy.experts.triton import config as tc  # noqa: E402
 from moe_policy.experts.triton.align import FUSED_MAX, moe_align  # noqa: E402
 from moe_policy.experts.triton.fused_moe import TritonExperts, _moe_gemm_kernel, fused_moe_triton  # noqa: E402
@@ -50,17 +48,6 @@ SMALL_TILES_TMA = tc.MoEConfig(
 )
 
 
-def _reference(cfg: ExpertsConfig, wts, x, tw, ti):
-    """The torch reference in float64 on the common-layout weights."""
-    d = lambda w: None if w is None else w.double()  # noqa: E731
-    return fused_moe_reference(
-        x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti,
-        activation=cfg.activation, gated=cfg.gated, w13_bias=d(wts["w13_bias"]),
-        w2_bias=d(wts["w2_bias"]), apply_router_weight_on_input=cfg.apply_router_weight_on_input,
-        swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit,
-    )  # fmt: skip
-
-
 def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=None,
          naive=None, seed=0):  # fmt: skip
     wts = make_weights(cfg, dtype, device, seed=seed)
@@ -75,7 +62,7 @@ def _run(cfg: ExpertsConfig, t: int, dtype, device, *, routing="uniform", tiles=
         apply_router_weight_on_input=cfg.apply_router_weight_on_input, config=tiles, naive=naive,
         swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit,
     )  # fmt: skip
-    ref = _reference(cfg, wts, x, tw, ti)
+    ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)
     assert out.shape == x.shape and out.dtype == dtype
     return rel_err(out, ref)
 
@@ -421,7 +408,7 @@ def test_triton_invalid_expert_contributes_nothing(device):
     ti[1, 1] = -1
     ti[4, :] = -1
     out = TritonExperts(cfg, wts["w13"], wts["w2"]).apply(x, tw, ti)
-    ref = fused_moe_reference(x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti)
+    ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)
     assert bool((out[4] == 0).all())
     assert rel_err(out, ref) < REL_TOL[dtype]
 
@@ -768,7 +755,7 @@ def test_tma_tiles_fall_back_on_unaligned_rows(device):
 # GEMM 2's TMA box spans the rows after the pair's own, some never written (invalid experts):
 # the interpreter warns about their garbage (matmul, epilogue), whose results are never stored
 @pytest.mark.filterwarnings("ignore:invalid value encountered in (matmul|multiply):RuntimeWarning")
-def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch):
+def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch, record_launches):
     """Decode (one pair per block): GEMM 2's last-arriving pair per token and N tile writes the
     top-k sum; bit-identical to the separate sum kernel, invalid experts included, and every
     call re-zeroes its counters (the same output twice)."""
@@ -791,7 +778,7 @@ def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch):
             apply_router_weight_on_input=cfg.apply_router_weight_on_input, naive=True,
         )  # fmt: skip
 
-    sums = _count_sum_launches(monkeypatch)
+    sums = _count_sum_launches(monkeypatch, record_launches)
     fused = run()
     assert torch.equal(run(), fused)
     assert sums == []  # GEMM 2 summed; no sum kernel ran
@@ -800,11 +787,11 @@ def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch):
     assert len(sums) == 1
     if t > 2:
         assert bool((fused[2] == 0).all())
-    ref = _reference(cfg, wts, x, tw, ti)
+    ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)
     assert rel_err(fused, ref) < REL_TOL[dtype]
 
 
-def test_decode_fused_sum_needs_whole_counter_words(device, monkeypatch):
+def test_decode_fused_sum_needs_whole_counter_words(device, monkeypatch, record_launches):
     """An odd hidden size in 16-bit (rows not a whole number of int32 words) keeps the sum
     kernel and still matches the reference."""
     dtype = dtypes_for_device()[0]
@@ -813,18 +800,18 @@ def test_decode_fused_sum_needs_whole_counter_words(device, monkeypatch):
     conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
     x = make_x(2, 33, dtype, device)
     tw, ti = make_routing(2, 32, 2, device)
-    sums = _count_sum_launches(monkeypatch)
+    sums = _count_sum_launches(monkeypatch, record_launches)
     out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, naive=True)
     assert len(sums) == 1
-    ref = fused_moe_reference(x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti)
+    ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)
     assert rel_err(out, ref) < REL_TOL[dtype]
 
 
-def _count_sum_launches(monkeypatch) -> list:
+def _count_sum_launches(monkeypatch, record_launches) -> list:
     """Record each launch of the separate top-k sum kernel."""
     from moe_policy.experts.triton import fused_moe as triton_moe
 
-    return record_launches(monkeypatch, triton_moe, "_moe_sum_kernel")
+    return record_launches(triton_moe, "_moe_sum_kernel")
 
 
 #: N tiles of 64 columns over N = 64*k + 24 (GEMM 1, I = 88) and + 8 (GEMM 2, H = 200): the last
@@ -843,12 +830,13 @@ N_TAIL_TILES = tc.MoEConfig(
     ],
     ids=["one-dot-tma", "two-dot", "nongated"],
 )
-def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypatch):
+def test_narrow_last_n_tile_matches_wide_one(
+    act, gated, tiles, device, monkeypatch, record_launches
+):
     """A last N tile at most half full runs a narrow tile; results match the reference and
     the full-width tile, with bias and LoRA too."""
-    from moe_cases import lora_mapping, make_lora
-
     from moe_policy.experts.lora import MoELoRAContext
+    from moe_policy.experts.testing import lora_mapping, make_lora
     from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[-1]
@@ -861,7 +849,7 @@ def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypa
     tw, ti = make_routing(70, 8, 2, device, seed=4)
     ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
     ctx = MoELoRAContext(ad, lora_mapping(70, "some_none", 2, device))
-    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
 
     def run(lora=None):
         return fused_moe_triton(
@@ -877,7 +865,9 @@ def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, monkeypa
     tol = 1e-6 if not ON_GPU else 1e-3
     assert rel_err(narrow, wide.double()) < tol
     assert rel_err(narrow_lora, wide_lora.double()) < tol
-    assert rel_err(narrow, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+    assert (
+        rel_err(narrow, reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)) < REL_TOL[dtype]
+    )
 
 
 # ---------------------------------------------------------------- persistent GEMMs
@@ -916,7 +906,7 @@ def _layer_call(x, conv, tw, ti, act, gated, on_input):
     ids=["one-dot-tma", "two-dot-skewed", "nongated-idle-experts", "narrow-last-n-tiles"],
 )  # fmt: skip
 def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing, on_input,
-                                                     device, monkeypatch):  # fmt: skip
+                                                     device, monkeypatch, record_launches):  # fmt: skip
     """Persistent GEMMs (one program per SM walking the tiles) compute what one program per
     tile computes, bit for bit in fp32 off the GPU, and match the reference."""
     from moe_policy.experts.triton import fused_moe as triton_moe
@@ -931,7 +921,7 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
     t = 2000 if ON_GPU else 90  # more tiles than SMs either way
     x = make_x(t, 72, dtype, device)
     tw, ti = make_routing(t, 8, 3, device, kind=routing, seed=5)
-    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
 
     run = _layer_call(x, conv, tw, ti, act, gated, on_input)
 
@@ -949,7 +939,10 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
         assert rel_err(persistent, per_tile.double()) < 1e-3
     else:
         assert torch.equal(persistent, per_tile)
-    assert rel_err(persistent, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+    assert (
+        rel_err(persistent, reference_output(cfg, wts, x, tw, ti, dtype=torch.float64))
+        < REL_TOL[dtype]
+    )
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in (matmul|multiply):RuntimeWarning")
@@ -985,7 +978,10 @@ def test_persistent_gemms_edge_routings(case, device):
     if case == "all-invalid":
         assert not bool(persistent.any())
     else:
-        assert rel_err(persistent, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+        assert (
+            rel_err(persistent, reference_output(cfg, wts, x, tw, ti, dtype=torch.float64))
+            < REL_TOL[dtype]
+        )
 
 
 @pytest.mark.parametrize(
@@ -995,7 +991,9 @@ def test_persistent_gemms_edge_routings(case, device):
     [("silu", True, 3, False, 71), ("relu2", False, 2, True, 95), ("gelu", True, 1, False, 189)],
     ids=["one-dot-gated", "nongated-weight-on-input", "k1-direct"],
 )
-def test_stream_k_tails_match_whole_tiles(act, gated, k, on_input, t, device, monkeypatch):
+def test_stream_k_tails_match_whole_tiles(
+    act, gated, k, on_input, t, device, monkeypatch, record_launches
+):
     """Persistent GEMMs whose last round of tiles is split along K over all programs compute
     what whole tiles compute (up to fp32 summation order), match the reference, give the same
     bits on every run, read no partial tile they did not write (the workspace starts as NaN)
@@ -1029,7 +1027,7 @@ def test_stream_k_tails_match_whole_tiles(act, gated, k, on_input, t, device, mo
         return ws, cnt
 
     monkeypatch.setattr(triton_moe, "_stream_k_buffers", buffers)
-    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
 
     run = _layer_call(x, conv, tw, ti, act, gated, on_input)
 
@@ -1042,14 +1040,16 @@ def test_stream_k_tails_match_whole_tiles(act, gated, k, on_input, t, device, mo
     assert torch.equal(split, again)
     assert not bool(split.isnan().any())
     assert rel_err(split, whole.double()) < (1e-3 if ON_GPU else 1e-6)
-    assert rel_err(split, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+    assert (
+        rel_err(split, reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)) < REL_TOL[dtype]
+    )
     ws, cnt = made[0]
     assert not bool(cnt.any())  # every split tile's last arrival zeroed its counter
     # tiles of the partial round were split and their partial sums went through the workspace
     assert bool(ws.isnan().all()) is not partial_round
 
 
-def test_stream_k_needs_room_in_the_memory_budget(device, monkeypatch):
+def test_stream_k_needs_room_in_the_memory_budget(device, monkeypatch, record_launches):
     """The stream-K workspace is allocated only inside issue 4's budget: what one
     ``numel x max(N1, H)`` buffer leaves beside GEMM 2's ``numel x H`` output (all of it
     when k = 1, where GEMM 2 writes the layer output)."""
@@ -1064,18 +1064,17 @@ def test_stream_k_needs_room_in_the_memory_budget(device, monkeypatch):
     conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
     x = make_x(90, 72, torch.float32, device)
     tw, ti = make_routing(90, 8, 3, device, seed=11)
-    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
     fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=PERSISTENT_TILES)
     # 270 pairs x (80 - 72) columns x 4 bytes is less than 4 programs' partial tiles
     assert [kw["STREAM_K"] for _, kw in gemms] == [False, False]
 
 
-def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatch):
+def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatch, record_launches):
     """Decode batches (one pair per block) and LoRA calls launch one program per tile even
     when the config asks for persistent GEMMs; the module switch turns it off everywhere."""
-    from moe_cases import lora_mapping, make_lora
-
     from moe_policy.experts.lora import MoELoRAContext
+    from moe_policy.experts.testing import lora_mapping, make_lora
     from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[-1]
@@ -1083,7 +1082,7 @@ def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatc
     wts = make_weights(cfg, dtype, device)
     conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
     ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
-    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
 
     def run(t, lora=False, naive=None):
         x = make_x(t, 64, dtype, device)
@@ -1091,7 +1090,7 @@ def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatc
         ctx = MoELoRAContext(ad, lora_mapping(t, "round_robin", 2, device)) if lora else None
         out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=PERSISTENT_TILES,
                                lora=ctx, naive=naive)  # fmt: skip
-        ref = _reference(cfg, wts, x, tw, ti) if not lora else None
+        ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64) if not lora else None
         assert ref is None or rel_err(out, ref) < REL_TOL[dtype]
         launched = [kw["PERSISTENT"] for _, kw in gemms]
         gemms.clear()
@@ -1104,12 +1103,13 @@ def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatc
     assert run(40) == [False, False]
 
 
-def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(device, monkeypatch):
+def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(
+    device, monkeypatch, record_launches
+):
     """A persistent entry has no tail tiles (its loop cannot run them); run per tile, as with
     LoRA or with the switch off, it takes the default tails of its block height."""
-    from moe_cases import lora_mapping, make_lora
-
     from moe_policy.experts.lora import MoELoRAContext
+    from moe_policy.experts.testing import lora_mapping, make_lora
     from moe_policy.experts.triton import fused_moe as triton_moe
 
     dtype = dtypes_for_device()[-1]
@@ -1123,7 +1123,7 @@ def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(device, monk
     x = make_x(t, 32, dtype, device)
     tw, ti = make_routing(t, 4, 2, device, seed=3)
     ctx = MoELoRAContext(ad, lora_mapping(t, "round_robin", 2, device))
-    gemms = record_launches(monkeypatch, triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
 
     def launched(lora=None):
         out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=tiles, lora=lora)
@@ -1133,7 +1133,9 @@ def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(device, monk
 
     base, got = launched()
     assert got == [(True, 0)] * 2
-    assert rel_err(base, _reference(cfg, wts, x, tw, ti)) < REL_TOL[dtype]
+    assert (
+        rel_err(base, reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)) < REL_TOL[dtype]
+    )
     assert launched(ctx)[1] == [(False, tc.default_tail_m(128))] * 2
     monkeypatch.setattr(triton_moe, "PERSISTENT_GEMMS", False)
     per_tile, got = launched()

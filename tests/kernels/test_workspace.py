@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_cases import (  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig  # noqa: E402
+from moe_policy.experts.testing import (  # noqa: E402
     dtypes_for_device,
     lora_context,
     lora_mapping,
@@ -15,11 +16,9 @@ from moe_cases import (  # noqa: E402
     make_routing,
     make_weights,
     make_x,
+    reference_output,
     rel_err,
 )
-
-from moe_policy.experts.base import ExpertsConfig  # noqa: E402
-from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
 from moe_policy.experts.triton import fused_moe as triton_moe  # noqa: E402
 from moe_policy.experts.triton.workspace import Workspace  # noqa: E402
 
@@ -86,9 +85,7 @@ def test_fused_moe_keeps_scratch_in_its_output(k, with_lora, device, monkeypatch
     assert carved, "the launcher allocated nothing through the workspace"
     assert (carved[-1] > 0) == (k > 1)
     if ctx is None:
-        ref = fused_moe_reference(
-            x.double(), wts["w13"].double(), wts["w2"].double(), tw.double(), ti
-        )
+        ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)
         assert rel_err(out, ref) < 3e-3
     else:  # same result as the same call with every scratch buffer freshly allocated
         monkeypatch.setattr(triton_moe, "Workspace", lambda buf, dev: Workspace(None, dev))
