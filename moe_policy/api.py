@@ -73,6 +73,11 @@ def explicit_entries(
     arguments: Mapping[str, Any], overrides: Mapping[str, Any] | None, origin: Origin
 ) -> list[Entry]:
     """API keywords (None = not given) and free-form overrides as explicit entries."""
+    unknown = [name for name in arguments if name not in API_KEYS]
+    if unknown:
+        raise PolicyError(
+            f"unknown argument {unknown[0]!r}{did_you_mean(unknown[0], API_KEYS)}", "api"
+        )
     entries = [
         Entry(API_KEYS[name], value, origin)
         for name, value in arguments.items()
@@ -209,11 +214,6 @@ def selector_for(
     **arguments: Any,
 ) -> Selector:
     """A cached Selector for these arguments and the current relevant environment."""
-    unknown = [name for name in arguments if name not in API_KEYS]
-    if unknown:
-        raise PolicyError(
-            f"unknown argument {unknown[0]!r}{did_you_mean(unknown[0], API_KEYS)}", "api"
-        )
     model_key = str(model) if isinstance(model, (str, os.PathLike)) else _freeze(model)
     key = (model_key, _freeze(policy_files), _freeze(overrides), _freeze(arguments), _env_key())
     selector: Selector | None = STATE.selectors.get(key)

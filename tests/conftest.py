@@ -33,27 +33,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # --- policy fixtures --------------------------------------------------------------
 
 from collections.abc import Callable, Iterator, Mapping  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-MODELS = REPO / "configs" / "models"
-NEMOTRON = str(MODELS / "nemotron-3-nano-30b-a3b.json")
-MIXTRAL = str(MODELS / "mixtral-8x7b-instruct-v0.1.json")
-QWEN3 = str(MODELS / "qwen3-30b-a3b.json")
-DEEPSEEK = str(MODELS / "deepseek-v3.json")
-#: A gpt-oss-20b-shaped config (interleaved swigluoai with clamp and biases).
-GPT_OSS: Mapping[str, Any] = {
-    "architectures": ["GptOssForCausalLM"],
-    "model_type": "gpt_oss",
-    "hidden_size": 2880,
-    "intermediate_size": 2880,
-    "num_local_experts": 32,
-    "num_experts_per_tok": 4,
-    "hidden_act": "silu",
-    "swiglu_limit": 7.0,
-    "torch_dtype": "bfloat16",
-}
+from tests.bundled import DEEPSEEK, MIXTRAL, NEMOTRON, QWEN3  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -96,3 +78,24 @@ def h200() -> dict[str, Any]:
 def b200() -> dict[str, Any]:
     """Dry-run arguments for a B200 (SM100) target."""
     return {"platform": "cuda", "capability": "10.0", "device_name": "NVIDIA B200"}
+
+
+@pytest.fixture
+def nemotron() -> str:
+    """Path of the bundled Nemotron-3-Nano config (non-gated relu2 experts, BF16)."""
+    return NEMOTRON
+
+
+@pytest.fixture
+def mixtral() -> str:
+    return MIXTRAL
+
+
+@pytest.fixture
+def qwen3() -> str:
+    return QWEN3
+
+
+@pytest.fixture
+def deepseek() -> str:
+    return DEEPSEEK

@@ -16,7 +16,7 @@ from moe_policy.api import Selector
 from moe_policy.core.origin import Origin
 from moe_policy.reporting.audit import AuditWriteError
 from moe_policy.settings import Entry
-from tests.conftest import NEMOTRON
+from tests.bundled import NEMOTRON
 
 PROCESSES = 8
 DECISIONS = 500

@@ -11,7 +11,7 @@ from moe_policy.core.rules import Condition
 from moe_policy.core.yamlio import parse_yaml_text
 from moe_policy.lint.checks import Finding, lint_document, lint_file, lint_paths
 from moe_policy.lint.overlap import satisfiable
-from tests.conftest import REPO
+from tests.bundled import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "lint"
 EXPECT = re.compile(r"#\s*expect:\s*([a-z-]+)")

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from moe_policy.cli.logsetup import LOG_FORMATS
 from moe_policy.core.keys import PLATFORMS
 from moe_policy.core.origin import Origin
 from moe_policy.errors import BackendOverrideWarning, PolicyError
@@ -97,7 +98,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the decision record (JSON)")
     parser.add_argument(
         "--log-format",
-        choices=("console", "json"),
+        choices=LOG_FORMATS,
         default=None,
         help="stderr events: console (default on a terminal) or JSON lines",
     )

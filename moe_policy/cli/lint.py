@@ -10,6 +10,8 @@ import json
 import sys
 from typing import Any
 
+from moe_policy.cli.app import EXIT_LINT_ERROR, EXIT_OK
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``lint`` and its options."""
@@ -51,4 +53,4 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{files} file{'s' if files != 1 else ''} checked: {errors} error(s), {warnings} warning(s)"
         )
-    return 1 if errors else 0
+    return EXIT_LINT_ERROR if errors else EXIT_OK

@@ -17,7 +17,8 @@ from typing import Any
 from moe_policy.core import paths
 from moe_policy.core.canonical import sha256_hex
 from moe_policy.core.keys import ACTIVATIONS, ALL2ALL_KINDS, DTYPES, PLATFORMS, QUANTIZATIONS
-from moe_policy.core.rules import Condition, ProblemSink, parse_conditions
+from moe_policy.core.problems import ProblemSink
+from moe_policy.core.rules import Condition, parse_conditions
 from moe_policy.core.state import STATE
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError, did_you_mean

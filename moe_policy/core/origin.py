@@ -51,7 +51,3 @@ class Origin:
         if self.kind in ("api", "default", "probe") and not self.locator:
             return self.kind
         return f"{self.kind}:{self.locator}"
-
-
-DEFAULT = Origin("default")
-PROBE = Origin("probe")

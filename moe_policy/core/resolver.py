@@ -50,6 +50,7 @@ class Resolver:
             key for key, spec in CONTEXT_KEYS.items() if spec.rank_local and key not in ruled
         )
         self._cache: dict[str, Decision] = {}
+        #: How many contexts ran the passes (the rest were answered from the cache).
         self.resolutions = 0
 
     def fingerprint(self, ctx: SelectionContext) -> str:

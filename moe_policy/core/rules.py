@@ -18,15 +18,15 @@ key is reported as missing context.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from moe_policy.core.keys import CONTEXT_KEYS, coerce_value, parse_capability
 from moe_policy.core.origin import Origin
+from moe_policy.core.problems import ProblemSink
 from moe_policy.errors import PolicyError, did_you_mean
 
 EFFECTS = ("forbid", "require", "prefer", "demote")
-HARD_EFFECTS = frozenset({"forbid", "require"})
 ACTIONS = ("enforce", "audit")
 OPERATORS = (
     "eq",
@@ -119,33 +119,6 @@ class Rule:
         )
         matched = not missing and all(c.test(values.get(c.key)) for c in self.conditions)
         return matched, missing
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A defect in a policy document: severity, code, message and location."""
-
-    severity: str  # error | warning
-    code: str
-    message: str
-    origin: str
-
-    def as_error(self) -> PolicyError:
-        return PolicyError(self.message, self.origin)
-
-
-@dataclass
-class ProblemSink:
-    """Collects problems; ``strict`` raises the first error at once (loading), else keeps all (lint)."""
-
-    strict: bool = True
-    problems: list[Problem] = field(default_factory=list)
-
-    def add(self, severity: str, code: str, message: str, origin: Origin | str) -> None:
-        problem = Problem(severity, code, message, str(origin))
-        if self.strict and severity == "error":
-            raise problem.as_error()
-        self.problems.append(problem)
 
 
 #: ``origin_at(keypath, at_key=False)``: file:line:col of a value (or of its key).

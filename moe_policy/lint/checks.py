@@ -31,14 +31,13 @@ from typing import Any
 from moe_policy.core.catalog import BackendSpec, Catalog, load_catalog
 from moe_policy.core.keys import PLATFORMS, parse_capability
 from moe_policy.core.origin import Origin
-from moe_policy.core.rules import Condition, ProblemSink, Rule
+from moe_policy.core.problems import ProblemSink
+from moe_policy.core.rules import Condition, Rule
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError
 from moe_policy.lint.overlap import satisfiable, values_allowed
 from moe_policy.settings.base import Entry
 from moe_policy.settings.schema import parse_policy_document
-
-SEVERITIES = ("error", "warning")
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,14 @@ class Reporter:
     """Logs, audits, warns or raises for decisions; remembers what it has shown in ``memory``
     (the process-wide reporter's memory is ``STATE.reporting``; a fresh one by default)."""
 
-    def __init__(self, memory: ReportingState | None = None) -> None:
+    def __init__(self, memory: ReportingState | None = None, logger: Any = None) -> None:
         self.memory = memory if memory is not None else ReportingState()
+        #: Where events go: a structlog-style logger (``info``/``warning``/``error`` with
+        #: the event name and fields); ``None`` is the ``moe_policy`` logger.
+        self.logger = logger
+
+    def log(self) -> Any:
+        return self.logger if self.logger is not None else get_logger()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -76,7 +82,7 @@ class Reporter:
         return count
 
     def _log_first(self, decision: Decision) -> None:
-        log = get_logger()
+        log = self.log()
         for notice in decision.notices:
             key = (notice.name, notice.origin)
             if key not in self.memory.notices_seen:
@@ -155,7 +161,7 @@ class Reporter:
             first = key not in self.memory.audit_failures
             self.memory.audit_failures.add(key)
         if first:
-            get_logger().warning(
+            self.log().warning(
                 "moe_policy.audit_failed",
                 path=sink.path,
                 error=str(error),

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from moe_policy.core import paths
 from moe_policy.core.canonical import sha256_hex
-from moe_policy.core.rules import ProblemSink
+from moe_policy.core.problems import ProblemSink
 from moe_policy.core.yamlio import load_yaml_file
 from moe_policy.settings.base import FileInfo, Source, SourceOutput
 from moe_policy.settings.schema import parse_policy_document

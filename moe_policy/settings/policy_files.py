@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from moe_policy.core.canonical import sha256_hex
 from moe_policy.core.origin import Origin
-from moe_policy.core.rules import ProblemSink
+from moe_policy.core.problems import ProblemSink
 from moe_policy.core.yamlio import load_yaml_file
 from moe_policy.errors import PolicyError
 from moe_policy.settings.base import FileInfo, Source, SourceOutput

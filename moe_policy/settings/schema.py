@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from moe_policy.core.keys import PLATFORMS, coerce_bool
 from moe_policy.core.origin import Origin
-from moe_policy.core.rules import ProblemSink, Rule, parse_rule
+from moe_policy.core.problems import ProblemSink
+from moe_policy.core.rules import Rule, parse_rule
 from moe_policy.core.yamlio import LoadedYaml
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry

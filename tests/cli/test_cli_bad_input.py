@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import H200, NEMOTRON_REL, run_cli
+from tests.cli.runner import H200, NEMOTRON_REL, run_cli
 
 MALFORMED = "version: 1\nrules:\n  - id: x\n    when: {platform: cuda\n    effect: forbid\n"
 UNKNOWN_KEY = "version: 1\nmode: warn\nmoed: strict\n"

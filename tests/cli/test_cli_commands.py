@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from moe_policy.cli import app as cli
-from tests.cli.conftest import H200, NEMOTRON_REL, run_cli
-from tests.conftest import REPO
+from tests.bundled import REPO
+from tests.cli.runner import H200, NEMOTRON_REL, run_cli
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lint"
 CONFIGS = [

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import H200, NEMOTRON_REL, run_cli, validate_record
-from tests.conftest import MIXTRAL, MODELS, REPO
+from tests.bundled import MIXTRAL, MODELS, REPO
+from tests.cli.runner import H200, NEMOTRON_REL, run_cli, validate_record
 
 
 def test_set_nested_keys_and_a_list_with_their_origin():

@@ -8,7 +8,7 @@ import pytest
 
 from moe_policy.cli.explain_text import render
 from moe_policy.cli.table import table, wrap
-from tests.conftest import MODELS, REPO
+from tests.bundled import MODELS, REPO
 
 SITUATIONS = {
     "h200-lora-request": (

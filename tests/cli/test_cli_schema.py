@@ -11,8 +11,8 @@ from moe_policy.core.decision import SCHEMA_VERSION, Outcome, ReasonCode, Status
 from moe_policy.core.keys import CONTEXT_KEYS, LAYER_KINDS
 from moe_policy.core.pipeline import pass_names
 from moe_policy.core.rules import ACTIONS, EFFECTS
-from tests.cli.conftest import decision_schema, validate_record
-from tests.conftest import NEMOTRON
+from tests.bundled import NEMOTRON
+from tests.cli.runner import decision_schema, validate_record
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.cli.conftest import H200, NEMOTRON_REL, run_cli, validate_record
-from tests.conftest import DEEPSEEK, NEMOTRON
+from tests.bundled import DEEPSEEK, NEMOTRON
+from tests.cli.runner import H200, NEMOTRON_REL, run_cli, validate_record
 
 CUTLASS_ENV = {"MOE_POLICY_BACKEND": "flashinfer_cutlass"}
 AUDIT_KEYS = {"timestamp", "host", "pid", "rank", "world_size", "count"}

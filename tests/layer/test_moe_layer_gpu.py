@@ -10,7 +10,7 @@ from moe_policy import BackendOverrideWarning  # noqa: E402
 from moe_policy.experts.lora import MoELoRAContext  # noqa: E402
 from moe_policy.experts.reference import fused_moe_reference  # noqa: E402
 from moe_policy.layer import MoELayer  # noqa: E402
-from tests.conftest import NEMOTRON  # noqa: E402
+from tests.bundled import NEMOTRON  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from moe_policy.core.origin import Origin
-from moe_policy.core.rules import ProblemSink, parse_conditions
+from moe_policy.core.problems import ProblemSink
+from moe_policy.core.rules import parse_conditions
 from moe_policy.errors import PolicyError
 
 

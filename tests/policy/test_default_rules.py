@@ -9,7 +9,7 @@ import pytest
 from moe_policy import ReasonCode
 from moe_policy.core.paths import DEFAULT_POLICY
 from moe_policy.core.yamlio import load_yaml_file
-from tests.conftest import GPT_OSS, NEMOTRON, QWEN3
+from tests.bundled import GPT_OSS, NEMOTRON, QWEN3
 
 SM90 = {"platform": "cuda", "capability": "9.0"}
 SM100 = {"platform": "cuda", "capability": "10.0"}

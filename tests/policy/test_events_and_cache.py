@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from moe_policy import BackendOverrideWarning, NoFeasibleBackendError, ReasonCode
-from tests.conftest import DEEPSEEK, NEMOTRON
+from tests.bundled import DEEPSEEK, NEMOTRON
 
 
 def test_hundred_layers_with_one_signature_cost_one_resolution(make_selector, h200):

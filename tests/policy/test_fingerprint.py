@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import NEMOTRON, REPO
+from tests.bundled import NEMOTRON, REPO
 
 SCRIPT = """
 import json, sys

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import NEMOTRON, REPO
+from tests.bundled import NEMOTRON, REPO
 
 SCRIPT = f"""
 import json, sys

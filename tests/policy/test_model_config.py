@@ -10,7 +10,7 @@ import pytest
 
 from moe_policy.core.model import load_model, model_facts_from_mapping
 from moe_policy.errors import PolicyError
-from tests.conftest import DEEPSEEK, GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
+from tests.bundled import DEEPSEEK, GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
 EXPECTED = {
     NEMOTRON: dict(

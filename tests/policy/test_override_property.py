@@ -16,7 +16,7 @@ from moe_policy import (
     Status,
 )
 from moe_policy.core.catalog import load_catalog
-from tests.conftest import GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
+from tests.bundled import GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
 CATALOG = load_catalog()
 contexts = st.fixed_dictionaries(

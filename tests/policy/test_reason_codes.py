@@ -9,7 +9,7 @@ import pytest
 from moe_policy import ReasonCode
 from moe_policy.api import Selector, explicit_entries
 from moe_policy.core.origin import Origin
-from tests.conftest import GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
+from tests.bundled import GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
 SM90 = {"platform": "cuda", "capability": "9.0"}
 BIG_EXPERTS = {

@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from moe_policy import BackendOverrideError, BackendOverrideWarning, Outcome, ReasonCode
-from tests.conftest import NEMOTRON, QWEN3
+from tests.bundled import NEMOTRON, QWEN3
 
 ENV_REQUEST = {"MOE_POLICY_BACKEND": "flashinfer_cutlass"}
 

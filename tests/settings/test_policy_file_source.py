@@ -135,7 +135,7 @@ def test_duplicate_yaml_key_is_an_error(tmp_path: Path):
 
 def test_nested_sections_report_unknown_names_and_wrong_types():
     """audit/priority sub-keys and rule effect/action are checked with codes, positions and suggestions."""
-    from moe_policy.core.rules import ProblemSink
+    from moe_policy.core.problems import ProblemSink
     from moe_policy.core.yamlio import parse_yaml_text
     from moe_policy.settings.schema import parse_policy_document
 

@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -15,22 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import NEMOTRON, REPO
+from tests.bundled import NEMOTRON, REPO
 
 #: The console script installed next to this interpreter (the venv's bin directory).
 SCRIPT = shutil.which("moe-policy", path=str(Path(sys.executable).parent))
 H200 = ("--platform", "cuda", "--capability", "9.0", "--device-name", "NVIDIA H200")
 NEMOTRON_REL = os.path.relpath(NEMOTRON, REPO)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_policy_state() -> Iterator[None]:
-    """In-process tests start with no cached selectors, probes or reporting counts."""
-    import moe_policy
-
-    moe_policy.reset()
-    yield
-    moe_policy.reset()
 
 
 @dataclass(frozen=True)
