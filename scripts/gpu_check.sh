@@ -11,5 +11,5 @@ nvidia-smi -L | tee "$out/gpus.txt"
 rc=0
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/layer 2>&1 | tee "$out/layer_gpu.log" || rc=1
 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/kernels 2>&1 | tail -n 30 | tee "$out/kernels_gpu.log" || rc=1
-python3 tests/distributed/run_nccl.py "$out/nccl" 2>&1 | tee "$out/nccl.log" || rc=1
+python3 -m tests.distributed.run_nccl "$out/nccl" 2>&1 | tee "$out/nccl.log" || rc=1
 exit $rc

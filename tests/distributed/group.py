@@ -1,6 +1,6 @@
 """Spawn N ranks (torch.multiprocessing) that run the agreement scenarios; one JSON file per rank.
 
-    python tests/distributed/group.py --backend gloo --nproc 4 --out DIR [--simulate-hosts]
+    python -m tests.distributed.group --backend gloo --nproc 4 --out DIR [--simulate-hosts]
 
 Rendezvous is a ``file://`` store in DIR; every collective times out (``--pg-timeout``)
 and the whole group is killed after ``--timeout`` seconds, so nothing hangs.
@@ -19,9 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from scenarios import SCENARIOS, run_scenario, simulate_hosts
+from tests.distributed.scenarios import SCENARIOS, run_scenario, simulate_hosts
 
 DEVICE_MODES = ("local_rank", "set_device", "bound")
 

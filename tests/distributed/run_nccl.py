@@ -1,6 +1,6 @@
 """Run the agreement scenarios over NCCL with N processes on N GPUs; PASS/FAIL per scenario.
 
-    python3 tests/distributed/run_nccl.py OUT_DIR [--nproc N] [--device-modes local_rank,set_device,bound]
+    python3 -m tests.distributed.run_nccl OUT_DIR [--nproc N] [--device-modes local_rank,set_device,bound]
 
 (``--backend gloo`` rehearses the same script on CPU, without the device modes.)
 
@@ -24,11 +24,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from group import DEVICE_MODES, spawn_group  # noqa: E402
-from scenarios import MULTI_RANK, SCENARIOS, verify  # noqa: E402
+from tests.distributed.group import DEVICE_MODES, spawn_group
+from tests.distributed.scenarios import MULTI_RANK, SCENARIOS, verify
 
 
 def _device_problems(ranks: list[dict[str, Any]], mode: str) -> list[str]:

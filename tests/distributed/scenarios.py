@@ -10,14 +10,11 @@ when it is installed, calls ``check_agreement`` once inside
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run_nccl.py on a machine without the package installed
-    sys.path.insert(0, str(REPO))
 
 MODEL = str(REPO / "configs" / "models" / "qwen3-30b-a3b.json")
 ALL_PACKAGES = ("deep_ep", "flashinfer", "torch", "triton")

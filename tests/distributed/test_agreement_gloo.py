@@ -1,6 +1,6 @@
 """Cross-rank agreement on 4 gloo ranks (torch.multiprocessing spawn), every scenario in one group.
 
-The group runs once per test session (``group.py`` in a subprocess, so this process
+The group runs once per test session (``tests.distributed.group`` in a subprocess, so this process
 never imports torch for it); with pytest-xdist the workers share that one run
 through a lock file. Ranks 0–1 stand in for host-a, ranks 2–3 for host-b.
 """
@@ -30,7 +30,8 @@ GROUP_TIMEOUT = 150
 def _run_group(out: Path) -> None:
     cmd = [
         sys.executable,
-        str(HERE / "group.py"),
+        "-m",
+        "tests.distributed.group",
         "--backend",
         "gloo",
         "--nproc",

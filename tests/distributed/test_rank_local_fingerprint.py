@@ -18,7 +18,7 @@ RULE = (
 )
 
 
-def _fingerprint(
+def fingerprint_of(
     environ: dict[str, str] | None = None,
     packages: tuple[str, ...] = FULL,
     policy_files: list[str] | None = None,
@@ -37,7 +37,7 @@ def _fingerprint(
 def test_only_layer_index_is_rank_local():
     """``layer.index`` is the one rank-local context key (pipeline stages own different layers)."""
     assert [k for k, spec in CONTEXT_KEYS.items() if spec.rank_local] == ["layer.index"]
-    assert _fingerprint(layer=0) == _fingerprint(layer=47)
+    assert fingerprint_of(layer=0) == fingerprint_of(layer=47)
 
 
 def test_rank_host_and_launcher_variables_do_not_enter():
@@ -50,14 +50,14 @@ def test_rank_host_and_launcher_variables_do_not_enter():
         "MASTER_ADDR": "10.0.0.1",
         "CUDA_VISIBLE_DEVICES": "1",
     }
-    assert _fingerprint(launcher) == _fingerprint({})
+    assert fingerprint_of(launcher) == fingerprint_of({})
 
 
 def test_non_decisive_settings_do_not_enter(tmp_path: Path):
     """A per-rank audit path or the consistency mode does not change what runs."""
-    base = _fingerprint({})
-    assert _fingerprint({"MOE_POLICY_AUDIT_LOG": str(tmp_path / "rank5.jsonl")}) == base
-    assert _fingerprint({"MOE_POLICY_CONSISTENCY": "warn"}) == base
+    base = fingerprint_of({})
+    assert fingerprint_of({"MOE_POLICY_AUDIT_LOG": str(tmp_path / "rank5.jsonl")}) == base
+    assert fingerprint_of({"MOE_POLICY_CONSISTENCY": "warn"}) == base
 
 
 def test_policy_file_path_does_not_enter_but_its_content_does(tmp_path: Path):
@@ -67,38 +67,38 @@ def test_policy_file_path_does_not_enter_but_its_content_does(tmp_path: Path):
     for path in (a, b):
         path.parent.mkdir()
         path.write_text(RULE)
-    via_arg = _fingerprint(policy_files=[str(a)])
-    assert via_arg == _fingerprint(policy_files=[str(b)])
-    assert via_arg == _fingerprint({"MOE_POLICY_FILES": str(b)})
-    assert via_arg != _fingerprint()
+    via_arg = fingerprint_of(policy_files=[str(a)])
+    assert via_arg == fingerprint_of(policy_files=[str(b)])
+    assert via_arg == fingerprint_of({"MOE_POLICY_FILES": str(b)})
+    assert via_arg != fingerprint_of()
 
 
 def test_another_process_at_another_time_gets_the_same_fingerprint():
     """A fresh interpreter (other pid, other time, other hash seed) computes the same value."""
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); "
-        "from test_rank_local_fingerprint import _fingerprint; print(json.dumps(_fingerprint()))"
+        "import json; from tests.distributed.test_rank_local_fingerprint import fingerprint_of; "
+        "print(json.dumps(fingerprint_of()))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent)],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         check=True,
         cwd=REPO,
         env={"PYTHONHASHSEED": "123", "PATH": ""},
     )
-    assert json.loads(out.stdout) == _fingerprint()
+    assert json.loads(out.stdout) == fingerprint_of()
 
 
 def test_what_decides_changes_it(tmp_path: Path):
     """MOE_POLICY_BACKEND, the packages and a policy rule each change the fingerprint."""
     policy = tmp_path / "p.yaml"
     policy.write_text(RULE)
-    base = _fingerprint()
+    base = fingerprint_of()
     changed = {
-        "env backend": _fingerprint({"MOE_POLICY_BACKEND": "triton"}),
-        "packages": _fingerprint(packages=("torch", "triton")),
-        "policy rule": _fingerprint(policy_files=[str(policy)]),
+        "env backend": fingerprint_of({"MOE_POLICY_BACKEND": "triton"}),
+        "packages": fingerprint_of(packages=("torch", "triton")),
+        "policy rule": fingerprint_of(policy_files=[str(policy)]),
     }
     assert all(value != base for value in changed.values()), changed
     assert len(set(changed.values())) == 3
