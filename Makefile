@@ -26,8 +26,8 @@ test-gpu:
 	python3 -m pytest -q -m gpu tests
 
 lint: setup
-	$(PY) -m ruff check moe_policy tests benchmarks
-	$(PY) -m ruff format --check moe_policy tests benchmarks
+	$(PY) -m ruff check moe_policy tests benchmarks tools
+	$(PY) -m ruff format --check moe_policy tests benchmarks tools
 	$(PY) -m mypy
 
 lint-policy: setup

@@ -21,7 +21,7 @@ row records the board's clock, power and clock-event reasons right after its tim
 Add a backend: write ``def build_x(case) -> list[callable]`` and add
 ``IMPLEMENTATIONS["x"] = Impl(build_x)``.
 
-    python benchmarks/kernels.py --shapes mixtral-8x7b --tokens 1 64 1024
+    python -m benchmarks.kernels --shapes mixtral-8x7b --tokens 1 64 1024
 """
 
 from __future__ import annotations
@@ -36,10 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _bench_util import (
+from benchmarks.common import (
     SHAPES,
     MoEShape,
     alloc_block,

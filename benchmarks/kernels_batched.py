@@ -8,7 +8,7 @@ captured in a CUDA graph (``CALLS`` calls per graph, median per-call time over `
 replays); anything that cannot be captured is event-timed eagerly and marked so.
 LoRA: 4 enabled adapters of rank 16, tokens round-robin over them (every token has one).
 
-Usage: ``python benchmarks/kernels_batched.py --out DIR`` (writes ``kernels_batched.json``
+Usage: ``python -m benchmarks.kernels_batched --out DIR`` (writes ``kernels_batched.json``
 and a plot there; prints a table).
 """
 
@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from functools import partial
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from _bench_util import (
+from benchmarks.common import (
     SHAPES,
     lower_bound_us,
     measure_ceilings,

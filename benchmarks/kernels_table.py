@@ -4,21 +4,17 @@ Ratios here are to the lower bound at the issue's fixed ceilings (4.29 TB/s copy
 bf16 matmul), the basis of vLLM's figures, recomputed from each row's bytes and FLOPs rates;
 the sweep's own ``ratio`` (its measured ceilings) is shown beside the verdicts.
 
-    python benchmarks/kernels_table.py benchmarks/results/kernels_h200.json
+    python -m benchmarks.kernels_table benchmarks/results/kernels_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _bench_util import SHAPES, lower_bound_us
-from kernels import VLLM_RATIO, load_sweep
+from benchmarks.common import SHAPES, lower_bound_us
+from benchmarks.kernels import VLLM_RATIO, load_sweep
 
 #: Issue 4's ceilings (TB/s, TFLOP/s): vLLM's figures are ratios to the bound at these.
 FIXED_COPY_TBPS, FIXED_MATMUL_TFLOPS = 4.29, 781.0
@@ -143,7 +139,7 @@ def main() -> None:
         p.error(str(exc).replace("--merge ", ""))
     unknown = sorted({r["shape"] for r in payload["rows"]} - set(SHAPES))
     if unknown:
-        p.error(f"{args.sweep}: shapes not in benchmarks/_bench_util.SHAPES: {', '.join(unknown)}")
+        p.error(f"{args.sweep}: shapes not in benchmarks.common.SHAPES: {', '.join(unknown)}")
     print(markdown_table(payload))
     print()
     found = checks(payload)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-sys.path.insert(0, BENCH)
+from benchmarks import kernels_table as kt
+from benchmarks.common import SHAPES, layer_bytes, layer_flops, lower_bound_us
 
-import kernels_table as kt  # noqa: E402
-from _bench_util import SHAPES, layer_bytes, layer_flops, lower_bound_us  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 MIB = 2**20
 
@@ -79,8 +78,8 @@ def test_markdown_table_row():
 def test_cli_prints_table_and_tally(tmp_path):
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(_sweep()))
-    out = subprocess.run([sys.executable, os.path.join(BENCH, "kernels_table.py"), str(path),
-                          "--missed"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels_table", str(path), "--missed"],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout  # fmt: skip
     assert "| mixtral-8x7b |" in out
     assert "MISSED LoRA / base layer, T >= 64" in out and "met   " not in out
     assert out.rstrip().endswith("1 missed")
@@ -90,12 +89,12 @@ def test_cli_prints_table_and_tally(tmp_path):
     ("content", "message"),
     [("{", "not JSON"), ('{"rows": []}', "not a kernels.py sweep"),
      ('{"info": {}, "ceilings": {}, "rows": [{"shape": "nope", "T": 1, "impl": "triton"}]}',
-      "shapes not in benchmarks/_bench_util.SHAPES: nope")],
+      "shapes not in benchmarks.common.SHAPES: nope")],
 )  # fmt: skip
 def test_cli_rejects_bad_input_naming_the_file(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
-    res = subprocess.run([sys.executable, os.path.join(BENCH, "kernels_table.py"), str(path)],
-                         capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run([sys.executable, "-m", "benchmarks.kernels_table", str(path)],
+                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert res.returncode == 2
     assert str(path) in res.stderr and message in res.stderr

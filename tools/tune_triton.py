@@ -1,8 +1,9 @@
 """Tune the Triton fused-MoE block sizes on this GPU; writes ``E={E},N={I},device_name=...json``.
 
 The decode trigger (``MoEConfig.trigger``) is not tuned here: it pays off through overlap of
-the two GEMMs, which kernel-by-kernel timing cannot see; ``compare_configs.py --decode-search``
-finds those entries. Writing a file keeps the entries of token counts this run did not tune.
+the two GEMMs, which kernel-by-kernel timing cannot see; ``python -m tools.compare_configs
+--decode-search`` finds those entries. Writing a file keeps the entries of token counts this
+run did not tune.
 
 Small by design (a vLLM-style full sweep takes over an hour): for each token count, the
 heuristic's BLOCK_M and one neighbour, and a short list of GEMM-1 and GEMM-2 tiles. GEMM 1 and
@@ -11,7 +12,8 @@ once (device time per kernel, from the profiler, median over routing sets). Per 
 best GEMM 1 and best GEMM 2 are kept; the BLOCK_M with the smallest sum wins. Candidates are
 compiled first by ``--jobs`` worker processes, then timed one at a time in this process.
 
-    python benchmarks/tune_triton.py --shapes qwen3-30b-a3b --tokens 1 64 1024 --out moe_policy/experts/triton/configs
+    python -m tools.tune_triton --shapes qwen3-30b-a3b --tokens 1 64 1024 --out moe_policy/experts/triton/configs
+    python -m tools.tune_triton --from-log tune_log.json --out moe_policy/experts/triton/configs
 """
 
 from __future__ import annotations
@@ -20,16 +22,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import replace
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _bench_util import SHAPES, MoEShape, positive_int
-
+from benchmarks.common import SHAPES, MoEShape, positive_int, routing_sets
 from moe_policy.experts.triton.config import (
     GemmConfig,
     MoEConfig,
@@ -39,6 +36,7 @@ from moe_policy.experts.triton.config import (
     default_tail_m,
     heuristic_config,
 )
+from tools.layer import call, compile_configs, layer
 
 #: (block_n, block_k, num_warps, num_stages) candidates by BLOCK_M; gated GEMM-1 block_n
 #: counts activation columns (the MMA is twice as wide), so its list is halved.
@@ -112,78 +110,6 @@ def candidates(shape: MoEShape, t: int, tma: bool = True) -> list[MoEConfig]:
     return out
 
 
-# ---------------------------------------------------------------- inputs
-
-
-_STATE: dict[str, Any] = {}
-
-
-def _layer(shape: MoEShape) -> tuple[Any, Any]:
-    import torch
-
-    from moe_policy.experts.base import ExpertsConfig
-    from moe_policy.experts.triton.fused_moe import TritonExperts
-
-    if _STATE.get("name") != shape.name:
-        _STATE.clear()
-        torch.cuda.empty_cache()
-        g = torch.Generator(device="cuda").manual_seed(0)
-        e, h, i = shape.num_experts, shape.hidden, shape.inter
-
-        def rnd(*size: int, fan: int) -> Any:
-            return (torch.randn(*size, device="cuda", generator=g) / fan**0.5).bfloat16()
-
-        b13 = rnd(e, shape.n1, fan=25) if shape.has_bias else None
-        b2 = rnd(e, h, fan=25) if shape.has_bias else None
-        cfg = ExpertsConfig(e, h, i, shape.top_k, shape.activation, shape.gated, shape.has_bias)
-        _STATE.update(name=shape.name, cfg=cfg)
-        _STATE["backend"] = TritonExperts(
-            cfg, rnd(e, shape.n1, h, fan=h), rnd(e, h, i, fan=i), b13, b2
-        )
-    return _STATE["cfg"], _STATE["backend"]
-
-
-def _inputs(shape: MoEShape, t: int, n_sets: int) -> list[tuple[Any, Any, Any]]:
-    import torch
-
-    g = torch.Generator(device="cuda").manual_seed(t)
-    sets = []
-    for _ in range(n_sets):
-        x = torch.randn(t, shape.hidden, device="cuda", generator=g).bfloat16()
-        logits = torch.randn(t, shape.num_experts, device="cuda", generator=g)
-        tw, ti = torch.topk(logits.softmax(-1), shape.top_k, dim=-1)
-        sets.append((x, (tw / tw.sum(-1, keepdim=True)).contiguous(), ti.int().contiguous()))
-    return sets
-
-
-def _call(backend: Any, cfg: MoEConfig, x: Any, tw: Any, ti: Any, lora: Any = None) -> Any:
-    from moe_policy.experts.triton.fused_moe import fused_moe_triton
-
-    c, w = backend.config, backend.weights
-    return fused_moe_triton(
-        x, w["w13"], w["w2"], tw, ti, activation=c.activation, gated=c.gated,
-        w13_bias=w["w13_bias"], w2_bias=w["w2_bias"], config=cfg, lora=lora,
-    )  # fmt: skip
-
-
-def _compile_worker(task: tuple[str, int, list[dict[str, Any]]]) -> int:
-    """Run each config once (compiles into Triton's on-disk cache); returns failures."""
-    import torch
-
-    name, t, cfgs = task
-    shape = SHAPES[name]
-    _, backend = _layer(shape)
-    (x, tw, ti) = _inputs(shape, t, 1)[0]
-    bad = 0
-    for d in cfgs:
-        try:
-            _call(backend, MoEConfig.from_dict(d), x, tw, ti)
-        except Exception:
-            bad += 1
-    torch.cuda.synchronize()
-    return bad
-
-
 # ---------------------------------------------------------------- timing
 
 
@@ -202,12 +128,12 @@ def _kernel_times(fn: Any) -> list[tuple[str, float]]:
 
 def time_config(shape: MoEShape, t: int, cfg: MoEConfig, sets: list) -> dict[str, float] | None:
     """Median device µs of GEMM 1, GEMM 2 and everything else over the routing sets."""
-    _, backend = _layer(shape)
+    backend = layer(shape)
     g1, g2, rest = [], [], []
     try:
-        _call(backend, cfg, *sets[0])
+        call(backend, cfg, *sets[0])
         for x, tw, ti in sets:
-            ks = _kernel_times(lambda x=x, tw=tw, ti=ti: _call(backend, cfg, x, tw, ti))
+            ks = _kernel_times(lambda x=x, tw=tw, ti=ti: call(backend, cfg, x, tw, ti))
             gemms = [us for n, us in ks if "moe_gemm" in n]
             g1.append(gemms[0])
             g2.append(gemms[1])
@@ -224,7 +150,7 @@ def time_config(shape: MoEShape, t: int, cfg: MoEConfig, sets: list) -> dict[str
 
 def tune_point(shape: MoEShape, t: int, cands: list[MoEConfig]) -> tuple[MoEConfig, dict[str, Any]]:
     """Best config at (shape, t) and the measurements behind it."""
-    sets = _inputs(shape, t, 3 if t <= 1024 else 2)
+    sets = routing_sets(shape, t, 3 if t <= 1024 else 2)
     res = [(c, time_config(shape, t, c, sets)) for c in cands]
     best: tuple[float, MoEConfig] | None = None
     for bm in sorted({c.block_m for c in cands}):
@@ -252,7 +178,7 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
                       out: str) -> str:  # fmt: skip
     """Write one tuned file (token count -> config dict); returns its path. An existing file
     keeps its entries for token counts this run did not tune (such as decode entries from
-    ``compare_configs.py --decode-search``); a replaced entry's ``trigger`` or ``persistent`` is
+    ``tools.compare_configs --decode-search``); a replaced entry's ``trigger`` or ``persistent`` is
     reported, since kernel-by-kernel timing cannot choose them."""
     path = os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
     merged: dict[str, Any] = {}
@@ -268,7 +194,7 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
             )
             if lost:
                 print(f"# {os.path.basename(path)}: entries {lost} lose their {key}; re-run "
-                      f"compare_configs.py {how}")  # fmt: skip
+                      f"python -m tools.compare_configs {how}")  # fmt: skip
     merged.update(table)
     configs = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
     payload = {"triton_version": triton_version, "device_name": device, "configs": configs}
@@ -280,7 +206,8 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
 
 
 def write_from_log(log_path: str, out: str) -> None:
-    """Config files from a tuning log (the GPU machine cannot return names with '=' or ',')."""
+    """Config files from a tuning log: ``tune_log.json`` keeps each point's best config, so the
+    files can be written on another machine than the GPU one that tuned."""
     with open(log_path) as f:
         logs = json.load(f)
     tables: dict[str, dict[str, Any]] = {}
@@ -300,7 +227,7 @@ def main() -> None:
     p.add_argument(
         "--tokens", nargs="+", type=positive_int, default=[1, 16, 64, 256, 1024, 4096, 8192]
     )
-    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--out", default=".", help="folder of the tuned files and tune_log.json")
     p.add_argument("--jobs", type=int, default=8, help="compile workers (0: compile while timing)")
     p.add_argument(
         "--deadline-s", type=float, default=1e9, help="stop timing new points after this"
@@ -323,11 +250,11 @@ def main() -> None:
         tasks = []
         for (s, t), cands in plan.items():
             for j in range(0, len(cands), 4):
-                tasks.append((s, t, [c.to_dict() for c in cands[j : j + 4]]))
+                tasks.append((s, t, [c.to_dict() for c in cands[j : j + 4]], False))
         tasks.sort(key=lambda tk: tk[0])  # one shape per worker as far as possible
         with mp.get_context("spawn").Pool(args.jobs) as pool:
             bad = sum(
-                pool.map(_compile_worker, tasks, chunksize=max(1, len(tasks) // (4 * args.jobs)))
+                pool.map(compile_configs, tasks, chunksize=max(1, len(tasks) // (4 * args.jobs)))
             )
         print(f"# compiled in {time.time() - start:.0f}s ({bad} failed)", flush=True)
     device = torch.cuda.get_device_name()

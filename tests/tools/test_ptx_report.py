@@ -1,4 +1,4 @@
-"""What the Triton MoE kernels compile to for Hopper, checked without a GPU (benchmarks/ptx_report.py).
+"""What the Triton MoE kernels compile to for Hopper, checked without a GPU (``tools.ptx_report``).
 
 The LoRA operands of the GEMM epilogue and the shrink's output rows must move as 16-byte
 vectors: as scalars (interleaved slices, a runtime rank mask, a per-column store mask) they
@@ -12,13 +12,15 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
-import ptx_report
+from tools import ptx_report
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_memory_ops_are_counted_by_width():
@@ -44,9 +46,9 @@ def _report(*flags: str) -> dict:
     """Run the report as the script does (compiling needs Triton's compiler, not its
     interpreter, which the CPU test session turns on), small tiles for speed."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, ptx_report.__file__, "--json", "--block-m", "64", "--block-n", "64",
+    cmd = [sys.executable, "-m", "tools.ptx_report", "--json", "--block-m", "64", "--block-n", "64",
            "--block-n2", "128", "--tail-m", "0", "--warps", "4", "--stages", "3", *flags]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -80,8 +82,8 @@ def test_lora_shrink_stores_rows_as_vectors(reports):
 def test_refuses_the_interpreter():
     """Under TRITON_INTERPRET=1 the script says why it cannot compile instead of a traceback."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, ptx_report.__file__], capture_output=True, text=True,
-                         env=env, timeout=120)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "tools.ptx_report"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)  # fmt: skip
     assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
 
 

@@ -5,14 +5,14 @@ No GPU is needed: Triton compiles for ``--arch`` (default sm_90a, Hopper) and th
 (``ld.global.b16`` is a scalar 16-bit load, ``ld.global.v4.b32`` a 16-byte vector), the async
 copies (``cp.async.cg`` 16 bytes, ``cp.async.bulk.tensor`` TMA) and the registers and spill bytes
 ``ptxas -v`` prints. Scalar loads in a tile's inner code are the smell this catches: LoRA
-operands once loaded as scalars and cost up to 22 % (see ``results/ab_lora_vector_loads_h200.txt``).
+operands once loaded as scalars and cost up to 22 % of the LoRA layer.
 
 Integer arguments are marked 16-divisible and unit strides constant, as Triton specializes them
 at launch for contiguous bf16 tensors; the counts are what the device compiles, up to Triton
 version differences (this machine's Triton may be newer than the GPU machine's).
 
-    python benchmarks/ptx_report.py --lora               # GEMM 1 and 2 of a 128-row prefill tile
-    python benchmarks/ptx_report.py --block-m 16 --block-n 64 --block-k 128 --naive --lora
+    python -m tools.ptx_report --lora               # GEMM 1 and 2 of a 128-row prefill tile
+    python -m tools.ptx_report --block-m 16 --block-n 64 --block-k 128 --naive --lora
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import sys
 import tempfile
 from collections import Counter
 from typing import Any
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: Arguments never specialized (runtime sizes the kernels mark do_not_specialize, or may be odd).
 _NOT_DIVISIBLE = {"numel", "num_blocks", "num_slots", "lora_rank", "num_experts", "num_tokens",

@@ -1,5 +1,5 @@
 """The Triton MoE's kernels fit pre-Hopper GPUs' shared memory, compiled without the GPU
-(benchmarks/smem_check.py): the launcher is dry-run on meta tensors, each recorded launch is
+(``tools.smem_check``): the launcher is dry-run on meta tensors, each recorded launch is
 compiled for the part's architecture and its shared memory compared with the opt-in limit.
 """
 
@@ -9,14 +9,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
-import smem_check
-from _bench_util import SHAPES
+from benchmarks.common import SHAPES
+from tools import smem_check
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path, *flags: str) -> tuple[int, list[dict], str]:
@@ -24,8 +26,8 @@ def _run(tmp_path, *flags: str) -> tuple[int, list[dict], str]:
     the CPU test session turns on); its exit status, JSON results and stdout."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     path = tmp_path / "smem.json"
-    cmd = [sys.executable, smem_check.__file__, "--json", str(path), *flags]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    cmd = [sys.executable, "-m", "tools.smem_check", "--json", str(path), *flags]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert out.returncode in (0, 1), out.stderr[-3000:]
     return out.returncode, json.loads(path.read_text()), out.stdout
 
@@ -99,7 +101,7 @@ def test_a_launch_option_the_backend_rejects_is_reported():
     """A dependent-launch option on a launch for ROCm (whose Triton backend refuses the
     keyword at launch) is a LaunchOptionError, not a compiled kernel."""
     code = (
-        "import smem_check as s\n"
+        "from tools import smem_check as s\n"
         "_, launches = s.dry_run_standard(s.Call('mi300x', 'qwen3-30b-a3b', 1))\n"
         "gemm = next(x for x in launches if x.name == '_moe_gemm_kernel')\n"
         "gemm.kwargs['launch_pdl'] = False\n"
@@ -110,10 +112,8 @@ def test_a_launch_option_the_backend_rejects_is_reported():
         "print('ON_CUDA', s.compile_launch(gemm, s.PARTS['a100']).metadata.shared > 0)\n"
     )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(smem_check.__file__),
-                                         env.get("PYTHONPATH", "")])  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=600)  # fmt: skip
+                         cwd=REPO, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REJECTED _moe_gemm_kernel: Triton's hip backend rejects launch option(s) " \
            "['launch_pdl']" in out.stdout  # fmt: skip
@@ -127,16 +127,16 @@ def test_a_launch_option_the_backend_rejects_is_reported():
 def test_bad_arguments_are_named(flags, message):
     """A bad flag value is an argparse error naming the flag, not a traceback."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, smem_check.__file__, *flags], capture_output=True,
-                         text=True, env=env, timeout=120)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "tools.smem_check", *flags], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)  # fmt: skip
     assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
 
 
 def test_refuses_the_interpreter():
     """Under TRITON_INTERPRET=1 the script says why it cannot compile instead of a traceback."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, smem_check.__file__], capture_output=True, text=True,
-                         env=env, timeout=120)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "tools.smem_check"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)  # fmt: skip
     assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
 
 
@@ -160,13 +160,13 @@ def test_integer_arguments_specialize_as_triton_does():
     cuda = make_backend(GPUTarget("cuda", 90, 32))
     p = type("P", (), {"name": "x"})()
     fixed = type("P", (), {"name": "x", "do_not_specialize": True})()
-    assert smem_check._specialize(p, 1, cuda) == ("constexpr", 1, None)
-    assert smem_check._specialize(fixed, 1, cuda) == ("i32", None, None)
-    assert smem_check._specialize(p, 4096, cuda) == ("i32", None, "D")
-    assert smem_check._specialize(fixed, 4096, cuda) == ("i32", None, None)
-    assert smem_check._specialize(p, 2**33, cuda) == ("i64", None, "D")
-    assert smem_check._specialize(p, None, cuda) == ("constexpr", None, None)
+    assert smem_check.specialize(p, 1, cuda) == ("constexpr", 1, None)
+    assert smem_check.specialize(fixed, 1, cuda) == ("i32", None, None)
+    assert smem_check.specialize(p, 4096, cuda) == ("i32", None, "D")
+    assert smem_check.specialize(fixed, 4096, cuda) == ("i32", None, None)
+    assert smem_check.specialize(p, 2**33, cuda) == ("i64", None, "D")
+    assert smem_check.specialize(p, None, cuda) == ("constexpr", None, None)
     t = torch.empty(2, dtype=torch.bfloat16, device="meta")
-    assert smem_check._specialize(p, t, cuda) == ("*bf16", None, "D")
+    assert smem_check.specialize(p, t, cuda) == ("*bf16", None, "D")
     with pytest.raises(TypeError, match="cannot specialize x"):
-        smem_check._specialize(p, "oops", cuda)
+        smem_check.specialize(p, "oops", cuda)

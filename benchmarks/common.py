@@ -1,4 +1,5 @@
-"""Shared benchmark helpers: MoE shapes, H200 lower bounds, ceilings, CUDA-graph timing, memory, plots.
+"""What the benchmarks and tools share: MoE shapes, lower bounds, ceilings, CUDA-graph timing,
+GPU state, memory accounting, argparse types, JSON and plots.
 
 Lower bound of one routed-experts layer (``reference/moe-kernels.md`` §6), bf16 (2 bytes)::
 
@@ -75,7 +76,72 @@ def lower_bound_us(shape: MoEShape, t: int, copy_tbps: float, matmul_tflops: flo
     return max(t_mem, t_cmp) * 1e6
 
 
-def _event_ms(fn: Callable[[], Any], calls: int = 1) -> float:
+# ---------------------------------------------------------------- inputs
+
+#: LoRA of the benchmarks and tools: 4 adapter slots of rank 16, tokens round-robin over them.
+LORA_SLOTS, LORA_RANK = 4, 16
+
+
+def experts_config(shape: MoEShape) -> Any:
+    """The :class:`~moe_policy.experts.base.ExpertsConfig` of one benchmark shape."""
+    from moe_policy.experts.base import ExpertsConfig
+
+    return ExpertsConfig(shape.num_experts, shape.hidden, shape.inter, shape.top_k,
+                         shape.activation, shape.gated, shape.has_bias)  # fmt: skip
+
+
+def shape_weights(shape: MoEShape, device: str = "cuda", seed: int = 0) -> dict[str, Any]:
+    """Random bf16 weights of ``shape`` in the common layout (biases where it has them),
+    drawn on ``device``."""
+    import torch
+
+    from moe_policy.experts.testing import make_weights, seeded
+
+    return make_weights(experts_config(shape), torch.bfloat16, device,
+                        generator=seeded(seed, device))  # fmt: skip
+
+
+def shape_adapters(shape: MoEShape, device: str = "cuda", seed: int = 1) -> Any:
+    """``LORA_SLOTS`` random bf16 adapters of rank ``LORA_RANK`` for ``shape`` (scaling 1)."""
+    import torch
+
+    from moe_policy.experts.testing import make_lora, seeded
+
+    return make_lora(experts_config(shape), num_slots=LORA_SLOTS, max_rank=LORA_RANK,
+                     ranks=[LORA_RANK] * LORA_SLOTS, dtype=torch.bfloat16, device=device,
+                     scaling=1.0, generator=seeded(seed, device))  # fmt: skip
+
+
+def routing_sets(
+    shape: MoEShape, t: int, n: int, device: str = "cuda", seed: int = 0
+) -> list[tuple[Any, Any, Any]]:
+    """``n`` inputs of one layer call at ``t`` tokens: (x bf16 [t, H], topk_weights, topk_ids)
+    with uniform routing, each set its own (so consecutive calls touch different experts)."""
+    import torch
+
+    from moe_policy.experts.testing import make_routing, make_x, seeded
+
+    g = seeded(seed + t, device)
+    sets = []
+    for _ in range(n):
+        x = make_x(t, shape.hidden, torch.bfloat16, device, generator=g)
+        tw, ti = make_routing(t, shape.num_experts, shape.top_k, device, generator=g)
+        sets.append((x, tw, ti))
+    return sets
+
+
+def lora_contexts(adapters: Any, t: int, n: int, device: str = "cuda") -> list[Any]:
+    """``n`` LoRA contexts of ``adapters`` for ``t`` tokens, round-robin over the slots."""
+    from moe_policy.experts.testing import lora_context, lora_mapping
+
+    mapping = lora_mapping(t, "round_robin", LORA_SLOTS, device)
+    return [lora_context(adapters, mapping) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- timing
+
+
+def event_ms(fn: Callable[[], Any], calls: int = 1) -> float:
     """ms per call of ``calls`` back-to-back calls of ``fn``, timed with CUDA events."""
     import torch
 
@@ -94,7 +160,7 @@ def _events_median_ms(fn: Callable[[], Any], reps: int, warmup: int = 3) -> floa
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    return statistics.median(_event_ms(fn) for _ in range(reps))
+    return statistics.median(event_ms(fn) for _ in range(reps))
 
 
 def _held_ms(fn: Callable[[], Any], seconds: float, per_sample: int = 10) -> float:
@@ -107,7 +173,7 @@ def _held_ms(fn: Callable[[], Any], seconds: float, per_sample: int = 10) -> flo
     times = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        times.append(_event_ms(fn, per_sample))
+        times.append(event_ms(fn, per_sample))
     return statistics.median(times[len(times) // 2 :])
 
 
@@ -115,8 +181,8 @@ def measure_ceilings(reps: int = 10, held_s: float = 0.0) -> dict[str, float]:
     """Device-to-device copy bandwidth (TB/s, read + write) and bf16 8192^3 matmul rate
     (TFLOP/s): medians of ``reps`` calls (a short burst), or with ``held_s`` > 0 of calls held
     back to back for that many seconds each. An H200 at its power limit lowers its SM clock
-    under a long matmul load (1980 -> 1300-1500 MHz measured, 2026-11-30), so long prefill
-    layers see the held matmul rate, not the burst's."""
+    under a long matmul load (from 1980 to 1300-1500 MHz), so long prefill layers see the held
+    matmul rate, not the burst's."""
     import torch
 
     def timed(fn: Callable[[], Any]) -> float:
@@ -206,7 +272,7 @@ def gpu_state(index: int | None = None) -> dict[str, Any]:
         return {}
 
 
-def _capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
+def capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
     """Warm ``calls`` on a side stream (compile, allocate), capture them in one CUDA graph,
     replay it once; returns the graph."""
     import torch
@@ -269,8 +335,7 @@ def rest_s(busy_ms: float, duty: float) -> float:
 #: GPU clock cycles of a spin kernel queued before each timed sample (~50 µs at 1.98 GHz):
 #: the start event then fires once the CPU has queued the replays behind it, so a sample times
 #: the GPU, not the graph launch's host latency, which a decode layer timed one replay per
-#: sample after a rest would otherwise carry (H200, Qwen3 T=1: 25.9 instead of 24.9 µs;
-#: ``results/timing_lead_spin_h200.txt``).
+#: sample after a rest would otherwise carry (H200, Qwen3 T=1: 25.9 instead of 24.9 µs).
 LEAD_CYCLES = 100_000
 
 
@@ -283,7 +348,7 @@ def _replays_us(graph: Any, replays: int, calls: int, duty: float = 1.0) -> floa
     import torch
 
     torch.cuda._sleep(LEAD_CYCLES)
-    ms = _event_ms(graph.replay, replays)
+    ms = event_ms(graph.replay, replays)
     time.sleep(rest_s(ms * replays, duty))
     return ms * 1e3 / calls
 
@@ -293,7 +358,7 @@ def time_graph_us(
 ) -> dict[str, float]:
     """Capture ``calls`` once in a CUDA graph, replay it; per-call µs (median, p20, p80).
     ``duty`` < 1: the GPU rests after each replay (``rest_s``)."""
-    graph = _capture_graph(calls)
+    graph = capture_graph(calls)
     per = [_replays_us(graph, 1, len(calls), duty) for _ in range(replays)]
     del graph
     q = statistics.quantiles(per, n=5)
@@ -303,7 +368,7 @@ def time_graph_us(
 def time_graph_held_us(calls: Sequence[Callable[[], Any]], seconds: float) -> dict[str, float]:
     """Per-call µs of ``calls`` captured in a CUDA graph and replayed back to back for
     ``seconds`` (``_held_ms``): the rate once a power-capped board has clocked down."""
-    graph = _capture_graph(calls)
+    graph = capture_graph(calls)
     us = _held_ms(graph.replay, seconds) * 1e3 / len(calls)
     del graph
     return {"held_us": us, "held_s": seconds}
@@ -320,7 +385,7 @@ def time_graphs_interleaved(
     that clock and thermal drift fall on all of them alike (median and p20/p80 over rounds).
     ``duty`` < 1: the GPU rests after each sample (``rest_s``), so that every sample starts
     near the boost clock instead of wherever the power cap left the previous one."""
-    graphs = {name: (_capture_graph(calls), len(calls)) for name, calls in variants.items()}
+    graphs = {name: (capture_graph(calls), len(calls)) for name, calls in variants.items()}
     names = list(graphs)
     per: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):

@@ -15,8 +15,8 @@ on, so the descriptors and the tuned H200 files are compiled as the H200 runs th
 option the part's Triton backend does not know (``launch_pdl`` on ROCm) is reported too: it
 would be a KeyError at launch there.
 
-    python benchmarks/smem_check.py                      # every part, every shape, LoRA or not
-    python benchmarks/smem_check.py --parts l40s --shapes qwen3-30b-a3b --tokens 1 4096
+    python -m tools.smem_check                      # every part, every shape, LoRA or not
+    python -m tools.smem_check --parts l40s --shapes qwen3-30b-a3b --tokens 1 4096
 """
 
 from __future__ import annotations
@@ -34,10 +34,7 @@ from types import ModuleType
 from typing import Any
 from unittest import mock
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _bench_util import SHAPES, MoEShape, positive_int
+from benchmarks.common import LORA_RANK, LORA_SLOTS, SHAPES, MoEShape, positive_int
 
 
 @dataclass(frozen=True)
@@ -80,8 +77,6 @@ PARTS: dict[str, Part] = {
 TOKENS = (1, 4, 64, 1024, 4096)
 #: Layer dtypes by short name (torch attribute names).
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-#: LoRA of the benchmarks: rank 16, 4 adapter slots.
-LORA_RANK, LORA_SLOTS = 16, 4
 
 
 @dataclass
@@ -250,7 +245,7 @@ def dry_run_standard(call: Call) -> tuple[dict[str, Any], list[Launch]]:
     return cfg.to_dict(), log
 
 
-def _specialize(p: Any, value: Any, backend: Any) -> tuple[str, Any, Any]:
+def specialize(p: Any, value: Any, backend: Any) -> tuple[str, Any, Any]:
     """(signature type, constexpr value, attribute string) of one runtime argument, by
     Triton's own launcher rules for ``backend`` (``native_specialize_impl``, what ``kernel[grid]``
     runs): None and integer 1 become constants, tensors are pointers of their dtype, TMA
@@ -303,7 +298,7 @@ def compile_launch(launch: Launch, part: Part) -> Any:
             sig[p.name] = "constexpr"
             constexprs[(idx,)] = value
             continue
-        ty, const, attr = _specialize(p, value, backend)
+        ty, const, attr = specialize(p, value, backend)
         sig[p.name] = ty
         if ty == "constexpr":
             constexprs[(idx,)] = const

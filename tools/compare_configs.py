@@ -7,20 +7,20 @@ interleaved rounds so that clock drift falls on all alike, the GPU resting betwe
 (``--duty``) so that the power cap does not make prefill timings drift by 5-10 %. Each
 variant's output is checked against the shipped config's output before it is timed.
 
-    python benchmarks/compare_configs.py --shapes qwen3-30b-a3b --tokens 4096 8192
+    python -m tools.compare_configs --shapes qwen3-30b-a3b --tokens 4096 8192 --out DIR
 
 Decode entries (``--decode-search``): the trigger with shallower pipelines, whole-layer timed;
 ``--decode-tiles``: each GEMM's tile (N, K, stages) with the other as shipped, the trigger on
 and off. In every mode but ``--lora`` the winners (``--min-gain`` faster than shipped) go to
-``compare_best.json``, which ``--write-best`` merges into the tuned files here (the GPU machine
-cannot return file names with '=' or ','); e.g. after a re-tune, ``--variants persistent
+``compare_best.json``, which ``--write-best`` merges into the shipped tuned files (on any
+machine: the JSON is all it needs); e.g. after a re-tune, ``--variants persistent
 not_persistent`` finds where persistent GEMMs pay. ``--with-lora`` times every variant with and
 without LoRA in the same rounds and keeps a variant that wins one layer without costing the
 other (how Qwen3's 128 x 64 GEMM-2 tiles at T <= 512 were found: base -0-2%, LoRA -3-7%).
 
-    python benchmarks/compare_configs.py --decode-search --shapes gpt-oss-20b --tokens 1 2 4
-    python benchmarks/compare_configs.py --decode-tiles --shapes qwen3-30b-a3b --tokens 1
-    python benchmarks/compare_configs.py --write-best compare_best.json
+    python -m tools.compare_configs --decode-search --shapes gpt-oss-20b --tokens 1 2 4
+    python -m tools.compare_configs --decode-tiles --shapes qwen3-30b-a3b --tokens 1
+    python -m tools.compare_configs --write-best compare_best.json
 """
 
 from __future__ import annotations
@@ -28,34 +28,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import replace
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _bench_util import (
+from benchmarks.common import (
     SHAPES,
     MoEShape,
     duty_fraction,
     lower_bound_us,
     measure_ceilings,
     positive_int,
+    routing_sets,
     time_graphs_interleaved,
 )
-from tune_triton import _call, _inputs, _layer
-
 from moe_policy.experts.triton.config import (
+    CONFIG_DIR,
     SMEM_LIMIT,
     MoEConfig,
     _smem_bytes,
+    config_file_name,
     default_tail_m,
     get_config,
     heuristic_config,
     is_decode_batch,
 )
+from tools.layer import call, compile_configs, layer, layer_lora
+from tools.tune_triton import write_config_file
 
 
 def _shipped(shape: MoEShape, t: int, device: str) -> MoEConfig:
@@ -205,10 +204,6 @@ def write_best(best_path: str, config_dir: str) -> list[str]:
     """Merge ``compare_best.json`` (any mode but ``--lora``) into the tuned files of ``config_dir``
     (each ``shape/T`` entry replaces or adds key T of that shape's file, as the tuner writes
     them); returns the files. A shape without a tuned file is refused."""
-    from tune_triton import write_config_file
-
-    from moe_policy.experts.triton.config import config_file_name
-
     with open(best_path) as f:
         payload = json.load(f)
     tables: dict[str, dict[str, Any]] = {}
@@ -222,7 +217,7 @@ def write_best(best_path: str, config_dir: str) -> list[str]:
         path = os.path.join(config_dir, config_file_name(shape.num_experts, shape.inter,
                                                          payload["device"]))  # fmt: skip
         if not os.path.exists(path):
-            raise SystemExit(f"{path}: no tuned file to merge {name} into; run tune_triton.py")
+            raise SystemExit(f"{path}: no tuned file to merge {name} into; run tools.tune_triton")
         with open(path) as f:
             version = json.load(f)["triton_version"]
         written.append(write_config_file(shape, table, payload["device"], version, config_dir))
@@ -232,42 +227,6 @@ def write_best(best_path: str, config_dir: str) -> list[str]:
 def _label(variant: str, lora: bool) -> str:
     """Timing name of a variant, ``+lora`` for its LoRA layer beside the base one."""
     return f"{variant}+lora" if lora else variant
-
-
-def _lora_contexts(shape: MoEShape, t: int, n: int) -> list[Any]:
-    """n LoRA contexts of the benchmark's adapters (4 slots, rank 16), tokens round-robin."""
-    import torch
-    from kernels import LORA_SLOTS, make_lora
-
-    from moe_policy.experts.lora import MoELoRAContext
-
-    adapters = make_lora(shape)
-    mapping = (torch.arange(t, device="cuda") % LORA_SLOTS).int()
-    return [MoELoRAContext(adapters, mapping) for _ in range(n)]
-
-
-def _compile(task: tuple[str, int, list[dict[str, Any]], bool]) -> int:
-    """Worker: run each config once (with LoRA when asked) so that it lands in Triton's cache;
-    returns failures."""
-    from tune_triton import _compile_worker
-
-    name, t, cfgs, lora = task
-    if not lora:
-        return _compile_worker((name, t, cfgs))
-    import torch
-
-    shape = SHAPES[name]
-    _, backend = _layer(shape)
-    x, tw, ti = _inputs(shape, t, 1)[0]
-    ctx = _lora_contexts(shape, t, 1)[0]
-    bad = 0
-    for d in cfgs:
-        try:
-            _call(backend, MoEConfig.from_dict(d), x, tw, ti, lora=ctx)
-        except Exception:
-            bad += 1
-    torch.cuda.synchronize()
-    return bad
 
 
 def main() -> None:
@@ -294,7 +253,8 @@ def main() -> None:
                         "compare_best.json keeps a variant that wins one layer by --min-gain "
                         "and loses at most 0.5%% on the other")  # fmt: skip
     p.add_argument("--jobs", type=int, default=12)
-    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--out", default=".",
+                   help="folder of compare_configs.json and compare_best.json")  # fmt: skip
     p.add_argument("--decode-search", action="store_true",
                    help="time decode_search's variants instead of the named variants")  # fmt: skip
     p.add_argument("--decode-tiles", action="store_true",
@@ -313,9 +273,7 @@ def main() -> None:
     )
     args = p.parse_args()
     if args.write_best:
-        config_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  "moe_policy", "experts", "triton", "configs")  # fmt: skip
-        for path in write_best(args.write_best, config_dir):
+        for path in write_best(args.write_best, str(CONFIG_DIR)):
             print(f"# wrote {path}")
         return
 
@@ -338,7 +296,7 @@ def main() -> None:
     tasks = [(s, t, [c.to_dict()], lora) for (s, t), vs in plan.items() for c in vs.values()
              for lora in modes]  # fmt: skip
     with mp.get_context("spawn").Pool(args.jobs) as pool:
-        bad = sum(pool.map(_compile, tasks, chunksize=1))
+        bad = sum(pool.map(compile_configs, tasks, chunksize=1))
     print(
         f"# compiled {len(tasks)} configs in {time.time() - start:.0f}s ({bad} failed)", flush=True
     )
@@ -347,23 +305,23 @@ def main() -> None:
     rows = []
     for (s, t), vs in plan.items():
         shape = SHAPES[s]
-        _, backend = _layer(shape)
-        sets = _inputs(shape, t, 2)
-        loras = _lora_contexts(shape, t, len(sets)) if True in modes else [None] * len(sets)
+        backend = layer(shape)
+        sets = routing_sets(shape, t, 2)
+        loras = layer_lora(shape, t, len(sets)) if True in modes else [None] * len(sets)
         bound = lower_bound_us(shape, t, ceil["copy_tbps"], ceil["matmul_tflops"])
         calls, group = {}, []
         for mode in modes:
             mode_loras = loras if mode else [None] * len(sets)
-            ref = _call(backend, vs["shipped"], *sets[0], lora=mode_loras[0]).float()
+            ref = call(backend, vs["shipped"], *sets[0], lora=mode_loras[0]).float()
             for name, cfg in vs.items():
                 label = _label(name, mode and args.with_lora)
                 row: dict[str, Any] = {"shape": s, "T": t, "variant": name,
                                        "config": cfg.to_dict(), "lora": mode}  # fmt: skip
                 try:
-                    got = _call(backend, cfg, *sets[0], lora=mode_loras[0]).float()
+                    got = call(backend, cfg, *sets[0], lora=mode_loras[0]).float()
                     row["rel_diff"] = float((got - ref).norm() / ref.norm())
                     calls[label] = [
-                        lambda b=backend, c=cfg, x=x, tw=tw, ti=ti, lo=lo: _call(
+                        lambda b=backend, c=cfg, x=x, tw=tw, ti=ti, lo=lo: call(
                             b, c, x, tw, ti, lora=lo
                         )
                         for (x, tw, ti), lo in zip(sets, mode_loras, strict=True)

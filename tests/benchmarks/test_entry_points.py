@@ -1,0 +1,47 @@
+"""Every benchmark and tool runs as a module from the repository root (``python -m
+benchmarks.kernels``, ``python -m tools.smem_check``), and none of them, nor their tests,
+edits ``sys.path`` to find the others."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY_POINTS = [
+    "benchmarks.policy",
+    "benchmarks.cli",
+    "benchmarks.consistency",
+    "benchmarks.kernels",
+    "benchmarks.kernels_batched",
+    "benchmarks.kernels_table",
+    "tools.tune_triton",
+    "tools.compare_configs",
+    "tools.smem_check",
+    "tools.ptx_report",
+]
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_runs_as_a_module_from_the_repository_root(module):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                         text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("usage: ")
+
+
+def test_nothing_edits_sys_path():
+    folders = ["benchmarks", "tools", "tests/benchmarks", "tests/tools"]
+    found = [
+        f"{path}:{n}"
+        for folder in folders
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "sys.path" in line and path != Path(__file__)
+    ]
+    assert not found, found
+    assert all(os.path.exists(REPO / f / "__init__.py") for f in ("benchmarks", "tools"))

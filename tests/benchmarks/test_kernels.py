@@ -1,0 +1,123 @@
+"""CPU checks of the kernel benchmark's bookkeeping: run merging, the memory budget, the LoRA
+overhead's pairing and its usage errors."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from benchmarks import common, kernels
+
+
+def _payload(ceil: float, rows: list[dict]) -> dict:
+    return {"info": {"device": "X"}, "ceilings": {"copy_tbps": ceil}, "rows": rows}
+
+
+def _row(t: int, ratio: float, **extra) -> dict:
+    return {"shape": "s", "T": t, "impl": "triton_lora", "ratio": ratio, "us": ratio, **extra}
+
+
+def test_median_of_runs_keeps_the_median_row_and_every_ratio():
+    """Each point keeps its median-ratio run whole; the LoRA overhead is the median of runs."""
+    runs = [
+        _payload(4.1, [_row(1, 1.30, overhead_vs_triton=1.2), {"shape": "s", "T": 2,
+                                                                "impl": "x", "skipped": "no"}]),
+        _payload(4.2, [_row(1, 1.10, overhead_vs_triton=1.4)]),
+        _payload(4.3, [_row(1, 1.20, overhead_vs_triton=1.1)]),
+    ]  # fmt: skip
+    merged = kernels.median_of_runs(runs)
+    by_t = {r["T"]: r for r in merged["rows"]}
+    assert by_t[1]["ratio"] == 1.20 and by_t[1]["us"] == 1.20
+    assert by_t[1]["ratio_runs"] == [1.30, 1.10, 1.20]
+    assert by_t[1]["overhead_vs_triton"] == 1.2
+    assert by_t[2] == {"shape": "s", "T": 2, "impl": "x", "skipped": "no"}
+    assert merged["info"]["runs"] == 3
+    assert [c["copy_tbps"] for c in merged["ceilings_runs"]] == [4.1, 4.2, 4.3]
+
+
+def test_even_number_of_runs_takes_the_slower_middle_run():
+    """Two runs: the slower one is reported (a median that never flatters), both ratios kept."""
+    merged = kernels.median_of_runs(
+        [_payload(4, [_row(1, 1.0, overhead_vs_triton=1.3)]),
+         _payload(4, [_row(1, 2.0, overhead_vs_triton=1.1)])]
+    )  # fmt: skip
+    assert merged["rows"][0]["ratio"] == 2.0
+    assert merged["rows"][0]["ratio_runs"] == [1.0, 2.0]
+    assert merged["rows"][0]["overhead_vs_triton"] == 1.3  # the larger, not the mean 1.2
+    four = [_payload(4, [_row(1, r)]) for r in (1.3, 1.1, 1.4, 1.2)]
+    assert kernels.median_of_runs(four)["rows"][0]["ratio"] == 1.3
+
+
+def test_merge_writes_the_median_of_saved_sweeps(tmp_path, monkeypatch, capsys):
+    """--merge (no GPU) reads the per-run JSONs a cut-off --runs call left and writes their
+    median like --runs does; a missing, malformed or foreign file is named in the error."""
+    import json
+
+    paths = []
+    for i, ratio in enumerate((1.4, 1.2, 1.3)):
+        path = tmp_path / f"k_run{i + 1}.json"
+        path.write_text(json.dumps(_payload(4.0 + i / 10, [_row(8, ratio)])))
+        paths.append(str(path))
+    monkeypatch.setattr(kernels, "plot_ratios", lambda *a, **k: None)
+    monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", "--merge", *paths, "--out", str(tmp_path),
+                                      "--tag", "merged"])  # fmt: skip
+    kernels.main()
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["rows"][0]["ratio"] == 1.3 and merged["rows"][0]["ratio_runs"] == [1.4, 1.2, 1.3]
+    assert merged["info"]["runs"] == 3
+    assert "x1.30 runs 1.40 1.20 1.30" in capsys.readouterr().out
+
+    (tmp_path / "bad.json").write_text('{"info": {},\n "rows": [,]}')
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    for name, msg in [("bad.json", r"bad.json:2:\d+: not JSON"),
+                      ("other.json", r"other.json: not a kernels.py sweep \(no info, ceilings\)"),
+                      ("gone.json", r"gone.json: No such file")]:  # fmt: skip
+        monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", "--merge", str(tmp_path / name)])
+        with pytest.raises(SystemExit) as exc:
+            kernels.main()
+        assert exc.value.code == 2
+        assert re.search(msg, capsys.readouterr().err)
+
+
+def test_memory_budget_is_counted_in_allocator_blocks():
+    """The budget is two bf16 buffers (plus the LoRA fp32 one), each as the caching
+    allocator's 512-byte-multiple block, the unit max_memory_allocated counts in."""
+    assert [common.alloc_block(n) for n in (0, 1, 512, 513, 32256)] == [0, 512, 512, 1024, 32256]
+    nemo = common.SHAPES["nemotron3-nano"]  # k=6, non-gated N1=I=1856, H=2688
+    # T=1: 6*2688*2 = 32256 (a whole block), 6*1856*2 = 22272 -> 22528
+    assert kernels.mem_limit_bytes(nemo, 1, lora=False) == 32256 + 22528
+    # LoRA: 6*16*(1+1)*4 = 768 fp32 bytes -> 1024
+    assert kernels.mem_limit_bytes(nemo, 1, lora=True) == 32256 + 22528 + 1024
+    big = kernels.mem_limit_bytes(nemo, 8192, lora=False)
+    assert big == 8192 * 6 * (2688 + 1856) * 2  # multiples of 512 already
+
+
+def test_lora_overhead_comes_from_one_interleaved_timing_of_both_layers(monkeypatch):
+    seen = {}
+
+    def fake_interleaved(variants, rounds, replays, duty):
+        seen.update(variants=dict(variants), rounds=rounds, duty=duty)
+        return {"base": {"us": 200.0}, "this": {"us": 250.0}}
+
+    monkeypatch.setattr(kernels, "time_graphs_interleaved", fake_interleaved)
+    base, lora = [lambda: None], [lambda: None]
+    got = kernels.overhead_pair("triton", base, lora, 0.25)
+    assert got == {"overhead_vs_triton": 1.25, "pair_us": {"base": 200.0, "this": 250.0}}
+    assert seen["variants"] == {"base": base, "this": lora}
+    assert seen["duty"] == 0.25 and seen["rounds"] == kernels.PAIR_ROUNDS
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--runs", "0", "must be at least 1, got '0'"), ("--replays", "-3", "must be at least 1"),
+     ("--runs", "two", "not an integer: 'two'")],
+)  # fmt: skip
+def test_kernels_counts_below_one_are_usage_errors(flag, value, message, monkeypatch, capsys):
+    """--runs 0 would leave no sweep to write (an IndexError before this check)."""
+    monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", flag, value])
+    with pytest.raises(SystemExit) as exc:
+        kernels.main()
+    assert exc.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
