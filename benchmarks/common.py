@@ -113,10 +113,11 @@ def shape_adapters(shape: MoEShape, device: str = "cuda", seed: int = 1) -> Any:
 
 
 def routing_sets(
-    shape: MoEShape, t: int, n: int, device: str = "cuda", seed: int = 0
+    shape: MoEShape, t: int, n: int, device: str = "cuda", seed: int = 0, dtype: Any = None
 ) -> list[tuple[Any, Any, Any]]:
-    """``n`` inputs of one layer call at ``t`` tokens: (x bf16 [t, H], topk_weights, topk_ids)
-    with uniform routing, each set its own (so consecutive calls touch different experts)."""
+    """``n`` inputs of one layer call at ``t`` tokens: (x [t, H] in ``dtype``, default bf16,
+    topk_weights, topk_ids) with uniform routing, each set its own (so that consecutive calls
+    touch different experts)."""
     import torch
 
     from moe_policy.experts.testing import make_routing, make_x, seeded
@@ -124,7 +125,7 @@ def routing_sets(
     g = seeded(seed + t, device)
     sets = []
     for _ in range(n):
-        x = make_x(t, shape.hidden, torch.bfloat16, device, generator=g)
+        x = make_x(t, shape.hidden, dtype or torch.bfloat16, device, generator=g)
         tw, ti = make_routing(t, shape.num_experts, shape.top_k, device, generator=g)
         sets.append((x, tw, ti))
     return sets

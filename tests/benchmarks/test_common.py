@@ -142,13 +142,7 @@ def test_duty_outside_zero_to_one_is_a_usage_error(module, value, message, monke
 
 
 @pytest.mark.parametrize(
-    "module",
-    [
-        "benchmarks.kernels",
-        "benchmarks.kernels_batched",
-        "tools.compare_configs",
-        "tools.tune_triton",
-    ],
+    "module", ["benchmarks.kernels", "tools.compare_configs", "tools.tune_triton"]
 )
 def test_token_counts_below_one_are_usage_errors(module, monkeypatch, capsys):
     """A batch of 0 tokens is refused when parsing, in every GPU benchmark and tool."""

@@ -17,8 +17,6 @@ ENTRY_POINTS = [
     "benchmarks.cli",
     "benchmarks.consistency",
     "benchmarks.kernels",
-    "benchmarks.kernels_batched",
-    "benchmarks.kernels_table",
     "tools.tune_triton",
     "tools.compare_configs",
     "tools.smem_check",

@@ -72,9 +72,10 @@ def test_merge_writes_the_median_of_saved_sweeps(tmp_path, monkeypatch, capsys):
     (tmp_path / "bad.json").write_text('{"info": {},\n "rows": [,]}')
     (tmp_path / "other.json").write_text('{"rows": []}')
     for name, msg in [("bad.json", r"bad.json:2:\d+: not JSON"),
-                      ("other.json", r"other.json: not a kernels.py sweep \(no info, ceilings\)"),
+                      ("other.json", r"other.json: not a benchmarks.kernels sweep \(no info, ceilings\)"),
                       ("gone.json", r"gone.json: No such file")]:  # fmt: skip
-        monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", "--merge", str(tmp_path / name)])
+        monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", "--merge", str(tmp_path / name),
+                                          "--out", str(tmp_path)])  # fmt: skip
         with pytest.raises(SystemExit) as exc:
             kernels.main()
         assert exc.value.code == 2
@@ -121,3 +122,28 @@ def test_kernels_counts_below_one_are_usage_errors(flag, value, message, monkeyp
         kernels.main()
     assert exc.value.code == 2
     assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+def test_batched_format_computes_the_standard_layer():
+    """``--format batched`` times what the standard layer computes: each routing set's
+    dispatched rows (a tight capacity: the busiest expert's count), through the batched Triton
+    layer and combined, give the standard Triton layer's output, with LoRA and without (fp32
+    on the CPU, under Triton's interpreter)."""
+    torch = pytest.importorskip("torch")
+    from moe_policy.experts.testing import make_lora, make_weights, rel_err
+
+    shape = common.MoEShape("tiny", 4, 64, 32, 2, True, "silu")
+    cfg = common.experts_config(shape)
+    weights = make_weights(cfg, torch.float32, "cpu")
+    adapters = make_lora(cfg, num_slots=common.LORA_SLOTS, max_rank=common.LORA_RANK,
+                         ranks=[common.LORA_RANK] * common.LORA_SLOTS, dtype=torch.float32,
+                         device="cpu")  # fmt: skip
+    case = kernels.make_case(shape, 8, weights, adapters, batched=True, device="cpu",
+                             dtype=torch.float32)  # fmt: skip
+    ids = case.inputs[0][2]
+    assert case.batched[0].x.shape[1] == int(torch.bincount(ids.flatten().long()).max())
+    for name in ("batched_triton", "batched_triton_lora"):
+        impl = kernels.IMPLEMENTATIONS[name]
+        ref = kernels.IMPLEMENTATIONS[impl.baseline].build(case)[0]()
+        out = kernels.layer_output(case, impl, impl.build(case)[0]())
+        assert rel_err(out, ref) < 1e-5, name

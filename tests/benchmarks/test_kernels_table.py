@@ -1,4 +1,5 @@
-"""CPU checks of kernels_table.py: fixed-ceiling ratios, the README table and the targets."""
+"""CPU checks of ``benchmarks.kernels --table``: fixed-ceiling ratios, the README table and the
+targets of a standard sweep, the table of a batched one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import kernels_table as kt
+from benchmarks import kernels as kt
 from benchmarks.common import SHAPES, layer_bytes, layer_flops, lower_bound_us
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def _sweep() -> dict:
     return {"info": {"device": "X"}, "ceilings": {}, "rows": rows}
 
 
-def test_fixed_ratio_uses_the_issue_ceilings_not_the_sweeps():
+def test_fixed_ratio_uses_the_fixed_ceilings_not_the_sweeps():
     r = _row("qwen3-30b-a3b", 4096, "triton", 1.37)
     assert kt.fixed_ratio(r) == pytest.approx(1.37)
     assert r["ratio"] != pytest.approx(1.37)  # the sweep's own ceilings are not used
@@ -78,7 +79,7 @@ def test_markdown_table_row():
 def test_cli_prints_table_and_tally(tmp_path):
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(_sweep()))
-    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels_table", str(path), "--missed"],
+    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--table", str(path), "--missed"],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout  # fmt: skip
     assert "| mixtral-8x7b |" in out
     assert "MISSED LoRA / base layer, T >= 64" in out and "met   " not in out
@@ -87,14 +88,57 @@ def test_cli_prints_table_and_tally(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("{", "not JSON"), ('{"rows": []}', "not a kernels.py sweep"),
+    [("{", "not JSON"), ('{"rows": []}', "not a benchmarks.kernels sweep"),
      ('{"info": {}, "ceilings": {}, "rows": [{"shape": "nope", "T": 1, "impl": "triton"}]}',
       "shapes not in benchmarks.common.SHAPES: nope")],
 )  # fmt: skip
 def test_cli_rejects_bad_input_naming_the_file(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
-    res = subprocess.run([sys.executable, "-m", "benchmarks.kernels_table", str(path)],
+    res = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--table", str(path)],
                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert res.returncode == 2
     assert str(path) in res.stderr and message in res.stderr
+
+
+def _batched_row(t: int, impl: str, us: float, **extra) -> dict:
+    return {"shape": "qwen3-30b-a3b", "T": t, "impl": impl, "us": us, **extra}
+
+
+def test_batched_table_shows_each_row_over_the_standard_layer_of_the_same_work():
+    """A batched sweep: µs per implementation, and beside each non-standard row its time over
+    the standard Triton layer with the same LoRA (the row's ``overhead_vs_<baseline>``)."""
+    payload = {"info": {"format": "batched"}, "ceilings": {}, "rows": [
+        _batched_row(64, "triton", 40.0),
+        _batched_row(64, "triton_lora", 52.0, overhead_vs_triton=1.3),
+        _batched_row(64, "batched_triton", 44.0, overhead_vs_triton=1.1),
+        _batched_row(64, "batched_triton_lora", 57.2, overhead_vs_triton_lora=1.1),
+        {"shape": "qwen3-30b-a3b", "T": 64, "impl": "torch_grouped_mm", "error": "no"},
+    ]}  # fmt: skip
+    lines = kt.batched_table(payload).splitlines()
+    assert lines[0].split() == ["shape", "T", "triton", "triton_lora", "batched_triton",
+                                "batched_triton_lora"]  # fmt: skip
+    assert lines[1].split() == ["qwen3-30b-a3b", "64", "40.0", "52.0", "44.0", "(1.10x)",
+                                "57.2", "(1.10x)"]  # fmt: skip
+
+
+def test_table_reads_a_batched_sweep_saved_with_meta(tmp_path):
+    """A batched sweep saved as ``{"meta", "rows"}`` (``+lora`` names, ``vs_triton``) renders
+    like one of today's: the LoRA rows compared with the standard LoRA layer."""
+    rows = [
+        {"shape": "mixtral-8x7b", "T": 16, "impl": "triton", "us": 30.0, "vs_triton": 1.0},
+        {"shape": "mixtral-8x7b", "T": 16, "impl": "triton+lora", "us": 40.0, "vs_triton": 1.0},
+        {"shape": "mixtral-8x7b", "T": 16, "impl": "batched_triton+lora", "us": 48.0,
+         "vs_triton": 1.2},
+    ]  # fmt: skip
+    path = tmp_path / "batched.json"
+    path.write_text(json.dumps({"meta": {"device": "X", "ceilings": {"copy_tbps": 4.2}},
+                                "rows": rows}))  # fmt: skip
+    payload = kt.load_sweep(str(path))
+    assert payload["info"]["format"] == "batched" and payload["ceilings"] == {"copy_tbps": 4.2}
+    by_impl = {r["impl"]: r for r in payload["rows"]}
+    assert by_impl["batched_triton_lora"]["overhead_vs_triton_lora"] == 1.2
+    assert "overhead_vs_triton" not in by_impl["triton_lora"]  # its old 1.0 was itself
+    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--table", str(path)],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout  # fmt: skip
+    assert out.splitlines()[1].split()[-2:] == ["48.0", "(1.20x)"]
