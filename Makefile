@@ -2,7 +2,7 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed-stamp
 
-.PHONY: setup demo test test-gpu lint lint-policy bench golden clean
+.PHONY: setup demo test test-gpu lint lint-policy bench clean
 
 setup: $(STAMP)
 
@@ -34,11 +34,8 @@ lint-policy: setup
 	.venv/bin/moe-policy lint configs/default.yaml configs/profiles/*.yaml
 
 bench: setup
-	$(PY) benchmarks/policy.py
-	$(PY) benchmarks/cli.py
-
-golden: setup
-	$(PY) tests/golden/regenerate.py
+	$(PY) -m benchmarks.policy
+	$(PY) -m benchmarks.cli
 
 clean:
 	rm -rf .venv build dist *.egg-info

@@ -7,7 +7,7 @@ average around the measurement (other work on the machine inflates wall time, no
 time) and, from one ``-X importtime`` run, what the imports cost. Target: median <= 300 ms
 on the 2-core CI machine.
 
-Usage: python benchmarks/cli.py [--runs 20] [--out benchmarks/results/cli.json]
+Usage: python -m benchmarks.cli [--runs 20] [--out FILE]  (default benchmarks/results/cli.json)
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Cases: ``shared`` (layers share one fingerprint, the usual case) and ``distinct`
 Also timed: the bare ``all_gather_object`` of the same summary, so the comparison's
 own cost shows. Target: median of the shared case <= 50 ms on the 2-core CI machine.
 
-Usage: python benchmarks/consistency.py [--out benchmarks/results/consistency.json]
+Usage: python -m benchmarks.consistency [--calls 20] [--out FILE]  (default benchmarks/results/consistency.json)
 """
 
 from __future__ import annotations

@@ -43,3 +43,20 @@ def test_nothing_edits_sys_path():
     ]
     assert not found, found
     assert all(os.path.exists(REPO / f / "__init__.py") for f in ("benchmarks", "tools"))
+
+
+@pytest.mark.parametrize(
+    ("module", "flags", "keys"),
+    [("benchmarks.policy", ["--runs", "2"], {"import_ms", "cached_select_us"}),
+     ("benchmarks.cli", ["--runs", "10", "--warmup", "0"], {"wall_ms", "meets_target"})],
+)  # fmt: skip
+def test_cpu_benchmarks_run_and_write_their_json(module, flags, keys, tmp_path):
+    """The CPU benchmarks of ``make bench`` run against the package as it is (a short run;
+    not a measurement) and write their JSON where ``--out`` says."""
+    import json
+
+    path = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-m", module, *flags, "--out", str(path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert keys <= set(json.loads(path.read_text()))
