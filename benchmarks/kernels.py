@@ -31,7 +31,7 @@ Formats (``--format``, the default set of implementations):
   combine are not timed, the all-to-all does them).
 
 Prints one line per (shape, T, implementation); with ``--out DIR`` also writes ``<tag>.json``
-and a plot, ``<tag>.png``, there. ``--table FILE`` prints a saved sweep as the README's table
+and a plot, ``<tag>.png``, there. Exits 1 when a row failed (its error is in the row). ``--table FILE`` prints a saved sweep as the README's table
 and checks the performance targets at every point it timed (standard sweeps), or as µs per
 implementation and the ratio to the standard layer (batched sweeps).
 
@@ -798,14 +798,16 @@ def main() -> None:
                                for k, v in _overheads(r).items())  # fmt: skip
                 print(f"{r['shape']:15s} T={r['T']:5d} {r['impl']:21s} x{r['ratio']:.2f} "
                       f"runs {' '.join(f'{v:.2f}' for v in r['ratio_runs'])}{over}")  # fmt: skip
-    if not args.out:
-        return
-    write_json(os.path.join(args.out, f"{args.tag}.json"), payload)
-    try:
-        plot_ratios([r for r in payload["rows"] if "ratio" in r], os.path.join(args.out, f"{args.tag}.png"),
-                    f"{payload['info']['device']}: fused MoE time / lower bound")  # fmt: skip
-    except Exception as exc:  # matplotlib missing must not lose the JSON
-        print(f"plot failed: {exc}")
+    if args.out:
+        write_json(os.path.join(args.out, f"{args.tag}.json"), payload)
+        try:
+            plot_ratios([r for r in payload["rows"] if "ratio" in r], os.path.join(args.out, f"{args.tag}.png"),
+                        f"{payload['info']['device']}: fused MoE time / lower bound")  # fmt: skip
+        except Exception as exc:  # matplotlib missing must not lose the JSON
+            print(f"plot failed: {exc}")
+    failed = [r for r in payload["rows"] if "error" in r]
+    if failed:
+        sys.exit(f"# {len(failed)} of {len(payload['rows'])} rows failed")
 
 
 if __name__ == "__main__":

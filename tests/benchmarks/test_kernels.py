@@ -147,3 +147,19 @@ def test_batched_format_computes_the_standard_layer():
         ref = kernels.IMPLEMENTATIONS[impl.baseline].build(case)[0]()
         out = kernels.layer_output(case, impl, impl.build(case)[0]())
         assert rel_err(out, ref) < 1e-5, name
+
+
+def test_a_failed_row_makes_the_exit_status_one_after_writing(tmp_path, monkeypatch):
+    """A row that failed keeps its error in the JSON, and the run then exits 1 (a sweep that
+    quietly lost a point would look complete)."""
+    import json
+
+    path = tmp_path / "k_run1.json"
+    error = {"shape": "s", "T": 1, "impl": "triton", "error": "RuntimeError: boom"}
+    path.write_text(json.dumps(_payload(4.0, [_row(8, 1.2), error])))
+    monkeypatch.setattr(kernels, "plot_ratios", lambda *a, **k: None)
+    monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", "--merge", str(path), "--out",
+                                      str(tmp_path), "--tag", "merged"])  # fmt: skip
+    with pytest.raises(SystemExit, match="1 of 2 rows failed"):
+        kernels.main()
+    assert json.loads((tmp_path / "merged.json").read_text())["rows"][1] == error
