@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from moe_policy.experts.base import ExpertsConfig, sm_count  # noqa: E402
+from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.testing import (  # noqa: E402
     ON_GPU,
     dtypes_for_device,
@@ -27,6 +27,7 @@ from moe_policy.experts.testing import (  # noqa: E402
 )
 from moe_policy.experts.triton import config as tc  # noqa: E402
 from moe_policy.experts.triton.align import FUSED_MAX, moe_align  # noqa: E402
+from moe_policy.experts.triton.device import sm_count  # noqa: E402
 from moe_policy.experts.triton.fused_moe import TritonExperts, _moe_gemm_kernel, fused_moe_triton  # noqa: E402
 
 #: Relative-error bounds ||out - ref|| / ||ref|| against the float64 reference, per dtype.
@@ -622,12 +623,12 @@ def test_lora_shrink_tiles_fit_the_dtype_and_part():
 def test_launch_passes_the_devices_limits_to_get_config(monkeypatch, dtype, elem):
     """fused_moe_triton asks get_config for the tensor's device limits (off CUDA: none) and
     the operands' element size (fp32 tiles take twice the shared memory)."""
-    from moe_policy.experts import base
+    from moe_policy.experts.triton import device as triton_device
     from moe_policy.experts.triton import fused_moe as triton_moe
 
-    assert base.config_limits(torch.device("cpu")) == {}
-    monkeypatch.setattr(base, "_cuda_limits", lambda index: {"smem_limit": index})
-    assert base.config_limits(torch.device("cuda", 3)) == {"smem_limit": 3}
+    assert triton_device.config_limits(torch.device("cpu")) == {}
+    monkeypatch.setattr(triton_device, "cuda_limits", lambda index: {"smem_limit": index})
+    assert triton_device.config_limits(torch.device("cuda", 3)) == {"smem_limit": 3}
     seen = {}
 
     class Stop(Exception):
@@ -1162,10 +1163,11 @@ def test_config_persistent_round_trips_and_validates():
 def test_tma_and_dependent_launches_only_on_nvidia_hopper(monkeypatch, hip, cap, expected):
     """ROCm builds of torch report MI300-class GPUs as compute capability 9.4: no TMA or
     dependent launches there (ROCm's Triton rejects the launch option by name)."""
-    from moe_policy.experts import base
+    from moe_policy.experts.triton import device as triton_device
     from moe_policy.experts.triton import fused_moe as triton_moe
 
     monkeypatch.setattr(torch.version, "hip", hip)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: cap)
     assert triton_moe._has_tma.__wrapped__(0) is expected
-    assert base.pdl_launch(False) == {} and base.pdl_launch(True) == {"launch_pdl": True}
+    assert triton_device.pdl_launch(False) == {}
+    assert triton_device.pdl_launch(True) == {"launch_pdl": True}

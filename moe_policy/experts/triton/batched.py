@@ -47,16 +47,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_policy.experts.base import (
-    GATED_ACTIVATIONS,
-    NON_GATED_ACTIVATIONS,
-    FusedMoEExperts,
-    config_limits,
-    sm_count,
-    triton_runtime_available,
-)
+from moe_policy.experts.base import GATED_ACTIVATIONS, NON_GATED_ACTIVATIONS, FusedMoEExperts
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton.config import SMEM_LIMIT, GemmConfig, _fit_stages
+from moe_policy.experts.triton.device import config_limits, sm_count, triton_runtime_available
 
 # Activation codes (constexpr in the kernels).
 ACT_NONE, ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_RELU2, ACT_SWIGLUOAI = 0, 1, 2, 3, 4, 5

@@ -69,11 +69,7 @@ from moe_policy.experts.base import (
     ExpertsConfig,
     FusedMoEExperts,
     check_common_layout,
-    config_limits,
     contiguous_layout,
-    pdl_launch,
-    sm_count,
-    triton_runtime_available,
 )
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton.align import block_pairs, moe_align, stable_supported
@@ -84,6 +80,12 @@ from moe_policy.experts.triton.config import (
     default_tail_m,
     get_config,
     is_decode_batch,
+)
+from moe_policy.experts.triton.device import (
+    config_limits,
+    pdl_launch,
+    sm_count,
+    triton_runtime_available,
 )
 from moe_policy.experts.triton.lora import (
     MAX_RANK,

@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from moe_policy.experts.base import pdl_launch
 from moe_policy.experts.triton.align import block_pairs
 from moe_policy.experts.triton.config import SMEM_LIMIT
+from moe_policy.experts.triton.device import pdl_launch
 from moe_policy.experts.triton.workspace import Alloc, fresh
 
 #: Largest supported max rank.
