@@ -51,6 +51,9 @@ SHAPES: dict[str, MoEShape] = {
     # routed experts of DeepSeek-V3 in bf16 (the checkpoint is fp8): no tuned file, the heuristic
     "deepseek-v3": MoEShape("deepseek-v3", 256, 7168, 2048, 8, True, "silu"),
 }
+#: What the GPU benchmarks and tuning tools run by default: three shapes, decode to prefill.
+DEFAULT_SHAPES = ("nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b")
+DEFAULT_TOKENS = (1, 16, 64, 256, 1024, 4096, 8192)
 
 
 def expected_experts(shape: MoEShape, t: int) -> float:
@@ -315,6 +318,15 @@ def duty_fraction(text: str) -> float:
     return float(duty)
 
 
+def add_shape_args(
+    p: Any, shapes: Sequence[str] = DEFAULT_SHAPES, tokens: Sequence[int] = DEFAULT_TOKENS
+) -> None:
+    """``--shapes`` (names in ``SHAPES``) and ``--tokens`` (counts >= 1) of an argparse parser,
+    defaulting to ``shapes`` and ``tokens``."""
+    p.add_argument("--shapes", nargs="+", default=list(shapes), choices=sorted(SHAPES))
+    p.add_argument("--tokens", nargs="+", type=positive_int, default=list(tokens))
+
+
 def positive_int(text: str) -> int:
     """argparse type of counts (``--runs``, ``--replays``, ``--tokens``): an integer >= 1."""
     import argparse
@@ -400,6 +412,21 @@ def time_graphs_interleaved(
         out[name] = {"us": statistics.median(xs), "p20_us": q[0], "p80_us": q[-1],
                      "replays": rounds * replays}  # fmt: skip
     return out
+
+
+def kernel_times(fn: Callable[[], Any]) -> list[tuple[str, float]]:
+    """(name, device µs) of each kernel one eager call of ``fn`` launches, in launch order
+    (from the torch profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    evs = [ev for ev in prof.events() if str(getattr(ev, "device_type", "")).endswith("CUDA")]
+    evs.sort(key=lambda ev: ev.time_range.start)
+    return [(ev.name, ev.time_range.elapsed_us()) for ev in evs]
 
 
 def time_eager_us(calls: Sequence[Callable[[], Any]], reps: int = 20) -> dict[str, float]:

@@ -59,10 +59,12 @@ from benchmarks.common import (
     LORA_RANK,
     SHAPES,
     MoEShape,
+    add_shape_args,
     alloc_block,
     duty_fraction,
     experts_config,
     gpu_state,
+    kernel_times,
     layer_bytes,
     layer_flops,
     lora_contexts,
@@ -81,8 +83,6 @@ from benchmarks.common import (
     write_json,
 )
 
-TOKENS = (1, 16, 64, 256, 1024, 4096, 8192)
-BENCH_SHAPES = ("nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b")
 #: Rows with at least this many tokens get a held timing (decode never reaches the power cap).
 HELD_MIN_T = 1024
 #: Rounds of the interleaved timing of a row and its baseline behind ``overhead_vs_<baseline>``.
@@ -342,18 +342,7 @@ def kernel_breakdown(fn: Callable[[], Any], reps: int = 3) -> list[tuple[str, fl
     """Device time of each kernel of one eager call, in launch order (median of reps)."""
     import statistics
 
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    runs: list[list[tuple[str, float]]] = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        evs = [ev for ev in prof.events() if str(getattr(ev, "device_type", "")).endswith("CUDA")]
-        evs.sort(key=lambda ev: ev.time_range.start)
-        runs.append([(ev.name[:40], ev.time_range.elapsed_us()) for ev in evs])
+    runs = [[(name[:40], us) for name, us in kernel_times(fn)] for _ in range(reps)]
     n = min(len(r) for r in runs)
     return [(runs[0][j][0], statistics.median(r[j][1] for r in runs)) for j in range(n)]
 
@@ -731,8 +720,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--format", default="standard", choices=sorted(FORMATS),
                    help="which implementations a sweep times by default (see above)")  # fmt: skip
-    p.add_argument("--shapes", nargs="+", default=list(BENCH_SHAPES), choices=sorted(SHAPES))
-    p.add_argument("--tokens", nargs="+", type=positive_int, default=list(TOKENS))
+    add_shape_args(p)
     p.add_argument("--impls", nargs="+", choices=list(IMPLEMENTATIONS),
                    help="implementations to time (default: those of --format)")  # fmt: skip
     p.add_argument("--replays", type=positive_int, default=50)

@@ -35,6 +35,7 @@ from typing import Any
 from benchmarks.common import (
     SHAPES,
     MoEShape,
+    add_shape_args,
     duty_fraction,
     lower_bound_us,
     measure_ceilings,
@@ -46,12 +47,12 @@ from moe_policy.experts.triton.config import (
     CONFIG_DIR,
     SMEM_LIMIT,
     MoEConfig,
-    _smem_bytes,
     config_file_name,
     default_tail_m,
     get_config,
     heuristic_config,
     is_decode_batch,
+    smem_bytes,
 )
 from tools.layer import call, compile_configs, layer, layer_lora
 from tools.tune_triton import write_config_file
@@ -137,7 +138,7 @@ def decode_tile_search(shape: MoEShape, t: int, device: str) -> dict[str, MoECon
             if bn > n or bk > k:
                 continue
             g = replace(getattr(base, gemm), block_n=bn, block_k=bk, num_stages=st)
-            if _smem_bytes(base.block_m, g, b_tiles[gemm]) > SMEM_LIMIT:
+            if smem_bytes(base.block_m, g, b_tiles[gemm]) > SMEM_LIMIT:
                 continue
             for trig in triggers:
                 cfg = replace(base, **{gemm: g}, trigger=trig)
@@ -231,12 +232,7 @@ def _label(variant: str, lora: bool) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--shapes", nargs="+", default=["nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b"]
-    )
-    p.add_argument(
-        "--tokens", nargs="+", type=positive_int, default=[1, 16, 64, 256, 1024, 4096, 8192]
-    )
+    add_shape_args(p)
     p.add_argument(
         "--rounds", type=positive_int, default=10, help="timing rounds (variants rotated)"
     )

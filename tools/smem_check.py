@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any
 from unittest import mock
 
-from benchmarks.common import LORA_RANK, LORA_SLOTS, SHAPES, MoEShape, positive_int
+from benchmarks.common import LORA_RANK, LORA_SLOTS, SHAPES, MoEShape, add_shape_args, positive_int
 
 
 @dataclass(frozen=True)
@@ -385,8 +385,7 @@ def summary(results: list[Result]) -> list[dict[str, Any]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=sorted(PARTS))
-    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=sorted(SHAPES))
-    p.add_argument("--tokens", nargs="+", type=positive_int, default=list(TOKENS))
+    add_shape_args(p, shapes=SHAPES, tokens=TOKENS)
     p.add_argument("--formats", nargs="+", default=list(DRY_RUNS), choices=sorted(DRY_RUNS))
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=sorted(TORCH_DTYPES))
     p.add_argument("--no-lora", action="store_true", help="only calls without LoRA")

@@ -26,14 +26,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from benchmarks.common import SHAPES, MoEShape, positive_int, routing_sets
+from benchmarks.common import SHAPES, MoEShape, add_shape_args, kernel_times, routing_sets
 from moe_policy.experts.triton.config import (
     GemmConfig,
     MoEConfig,
-    _fit_stages,
     config_file_name,
     default_pdl,
     default_tail_m,
+    fit_stages,
     heuristic_config,
 )
 from tools.layer import call, compile_configs, layer
@@ -103,27 +103,14 @@ def candidates(shape: MoEShape, t: int, tma: bool = True) -> list[MoEConfig]:
             a, b = t1[j % len(t1)], t2[j % len(t2)]
             g1 = GemmConfig(a[0], a[1], gm, a[2], a[3], a[4], tma=tma)
             g2 = GemmConfig(b[0], b[1], gm, b[2], b[3], tma=tma)
-            g1 = _fit_stages(bm, g1, 2 if shape.gated else 1)
-            c = MoEConfig(bm, g1, _fit_stages(bm, g2, 1))
+            g1 = fit_stages(bm, g1, 2 if shape.gated else 1)
+            c = MoEConfig(bm, g1, fit_stages(bm, g2, 1))
             if c not in out:
                 out.append(c)
     return out
 
 
 # ---------------------------------------------------------------- timing
-
-
-def _kernel_times(fn: Any) -> list[tuple[str, float]]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    evs = [ev for ev in prof.events() if str(getattr(ev, "device_type", "")).endswith("CUDA")]
-    evs.sort(key=lambda ev: ev.time_range.start)
-    return [(ev.name, ev.time_range.elapsed_us()) for ev in evs]
 
 
 def time_config(shape: MoEShape, t: int, cfg: MoEConfig, sets: list) -> dict[str, float] | None:
@@ -133,7 +120,7 @@ def time_config(shape: MoEShape, t: int, cfg: MoEConfig, sets: list) -> dict[str
     try:
         call(backend, cfg, *sets[0])
         for x, tw, ti in sets:
-            ks = _kernel_times(lambda x=x, tw=tw, ti=ti: call(backend, cfg, x, tw, ti))
+            ks = kernel_times(lambda x=x, tw=tw, ti=ti: call(backend, cfg, x, tw, ti))
             gemms = [us for n, us in ks if "moe_gemm" in n]
             g1.append(gemms[0])
             g2.append(gemms[1])
@@ -221,12 +208,7 @@ def write_from_log(log_path: str, out: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--shapes", nargs="+", default=["nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b"]
-    )
-    p.add_argument(
-        "--tokens", nargs="+", type=positive_int, default=[1, 16, 64, 256, 1024, 4096, 8192]
-    )
+    add_shape_args(p)
     p.add_argument("--out", default=".", help="folder of the tuned files and tune_log.json")
     p.add_argument("--jobs", type=int, default=8, help="compile workers (0: compile while timing)")
     p.add_argument(
