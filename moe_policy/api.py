@@ -108,7 +108,15 @@ class Explanation:
 
 
 class Selector:
-    """Decides backends for the MoE layers of one model in one deployment."""
+    """Decides backends for the MoE layers of one model in one deployment.
+
+    ``arguments`` are the deployment keywords of :func:`select_backend` (backend, mode,
+    lora, tp, dp, ep, all2all, platform, capability, ...), recorded with origin ``api``;
+    ``overrides`` sets any context or settings key by name; ``explicit`` takes entries
+    with origins of their own (the CLI's flags). ``environ`` replaces ``os.environ``;
+    ``platform`` is a platform name like the other keywords (a dry run for that target),
+    or ``PlatformFacts`` that pin the target instead of probing this machine.
+    """
 
     def __init__(
         self,
@@ -117,13 +125,19 @@ class Selector:
         policy_files: Sequence[str] | None = None,
         environ: Mapping[str, str] | None = None,
         explicit: Sequence[Entry] = (),
-        platform: PlatformFacts | None = None,
+        platform: PlatformFacts | str | None = None,
         extra_checks: Mapping[str, ExtraCheck] | None = None,
         catalog: Catalog | None = None,
         reporter: Reporter | None = None,
         files_origin: Origin | None = None,
         pipeline: Sequence[Pass] = DEFAULT_PIPELINE,
+        overrides: Mapping[str, Any] | None = None,
+        **arguments: Any,
     ) -> None:
+        if isinstance(platform, str):  # the platform name keyword (a dry run), not pinned facts
+            arguments["platform"], platform = platform, None
+        if arguments or overrides:
+            explicit = (*explicit, *explicit_entries(arguments, overrides, Origin.api()))
         self.catalog = catalog or load_catalog()
         self.settings = resolve_settings(
             self.catalog,

@@ -86,3 +86,15 @@ def test_a_custom_pipeline_changes_the_decision_and_the_fingerprint(nemotron):
     custom = isolated_selector(nemotron, dp=2, pipeline=without_rules).decide()
     assert default.fingerprint != custom.fingerprint
     assert not custom.rules and default.rules
+
+
+def test_selector_takes_the_deployment_keywords_directly(qwen3):
+    from moe_policy import Selector
+
+    sel = Selector(qwen3, environ={}, platform="cuda", capability="9.0", lora=True, tp=2)
+    decision = sel.decide(0)
+    assert decision.backend == "triton"
+    assert decision.context["parallel.tp"] == (2, "api")
+    assert decision.context["platform"] == ("cuda", "api")
+    with pytest.raises(PolicyError, match="did you mean 'lora'"):
+        Selector(qwen3, environ={}, lorra=True)
