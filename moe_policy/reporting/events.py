@@ -7,11 +7,13 @@ fingerprint per process, with a count), ``moe_policy.request_overridden``
 (error), ``moe_policy.audit_failed`` (warning); the cross-rank check adds
 ``moe_policy.agreement`` (info), ``moe_policy.decision_mismatch`` (error, or warning
 under ``consistency: warn``) and ``moe_policy.decision_inputs_differ`` (warning).
-The library never configures structlog; the application (or ``moe-policy``) does.
+The library never configures logging: without a structlog configuration in the process the
+events are records of the stdlib logger ``moe_policy`` (see ``get_logger``).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from typing import Any
@@ -26,10 +28,36 @@ LOGGER_NAME = "moe_policy"
 
 
 def get_logger() -> Any:
-    """A structlog logger named ``moe_policy`` (structlog imported on first use)."""
+    """Where events go: through the process's structlog pipeline when the application
+    configured structlog, otherwise to the stdlib logger ``moe_policy``.
+
+    Nothing is configured globally either way. In an engine that logs with the stdlib
+    (vLLM, SGLang), events are records of the ``moe_policy`` logger at their level, so
+    the engine's handlers, levels and formatters apply; each record carries the event's
+    fields as ``record.moe_policy`` for structured handlers.
+    """
     import structlog
 
-    return structlog.get_logger(LOGGER_NAME)
+    if structlog.is_configured():
+        return structlog.get_logger(LOGGER_NAME)
+    return structlog.wrap_logger(
+        logging.getLogger(LOGGER_NAME),
+        processors=[structlog.stdlib.filter_by_level, _to_stdlib_record],
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )
+
+
+def _to_stdlib_record(_logger: Any, _method: str, event_dict: dict[str, Any]) -> Any:
+    """``moe_policy.decision backend=triton ...`` as the message, the fields as ``extra``."""
+    fields = dict(event_dict)
+    event = fields.pop("event", "")
+    text = " ".join(f"{key}={_plain(value)}" for key, value in sorted(fields.items()))
+    return (f"{event} {text}".rstrip(),), {"extra": {LOGGER_NAME: {"event": event, **fields}}}
+
+
+def _plain(value: Any) -> str:
+    text = str(value)
+    return repr(text) if (" " in text or not text) else text
 
 
 def warn_at_caller(warning: Warning) -> None:
