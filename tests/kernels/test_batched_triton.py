@@ -27,8 +27,8 @@ from moe_policy.experts.testing import (
 )
 from moe_policy.experts.triton.batched import (
     BatchedTritonExperts,
-    _lora_shrink,
     batched_fused_experts,
+    batched_lora_shrink,
     gemm_config,
     shrink_split_k,
 )
@@ -199,7 +199,7 @@ def test_lora_shrink_split_k(split_k: int, device: str) -> None:
     slots = torch.randint(-1, num_slots, (e, m), generator=g, dtype=torch.int32).to(device)
     enabled = torch.tensor([1, 0, 1], dtype=torch.int32, device=device)
     counts = torch.tensor([0, m, 7], dtype=torch.int32, device=device)
-    u = _lora_shrink(x, a, slots, enabled, counts, 2, split_k=split_k)
+    u = batched_lora_shrink(x, a, slots, enabled, counts, 2, split_k=split_k)
     for ex in range(e):
         for row in range(int(counts[ex])):
             slot = int(slots[ex, row])
@@ -245,11 +245,11 @@ def test_launcher_rejects_bad_inputs(device: str) -> None:
 def test_gemm_tiles_fit_the_devices_shared_memory(gated: bool) -> None:
     """Hopper's budget leaves every tile as listed; Ada's 72 KB cuts the gated decode tiles
     (108-120 KB) to fit, fewer stages first."""
-    from moe_policy.experts.triton.config import SMEM_LIMIT, GemmConfig, _smem_bytes, smem_budget
+    from moe_policy.experts.triton.config import SMEM_LIMIT, GemmConfig, smem_budget, smem_bytes
 
     def smem(c: dict) -> int:
         g = GemmConfig(c["BLOCK_N"], c["BLOCK_K"], 1, c["num_warps"], c["num_stages"])
-        return _smem_bytes(c["BLOCK_M"], g, 2 if gated else 1)
+        return smem_bytes(c["BLOCK_M"], g, 2 if gated else 1)
 
     ada = smem_budget(101376)
     for m in (1, 16, 64, 256, 4096):

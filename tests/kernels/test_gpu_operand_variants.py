@@ -11,7 +11,7 @@ the heuristic's tiles run with N and K tails.
 
 Tiles planned for an Ada part (L40S: 72 KB budget, no TMA, no dependent launches) run here
 as that part would run them, so the cut tiles are checked for correctness at full shapes
-(their fit is checked by compiling, benchmarks/smem_check.py).
+(their fit is checked by compiling, tools/smem_check.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from moe_policy.experts.testing import (  # noqa: E402
     rel_err,
 )
 from moe_policy.experts.triton.batched import BatchedTritonExperts  # noqa: E402
+from moe_policy.experts.triton.device import DeviceLimits, tma_layout  # noqa: E402
 from moe_policy.experts.triton.fused_moe import TritonExperts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -133,7 +134,7 @@ def test_unaligned_rows_take_pointer_loads(name, t, use_lora):
 
     cfg = ODD[name]
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=5)
-    assert not triton_moe._tma_usable(wt["w2"].view(-1, cfg.intermediate_size))
+    assert not tma_layout(wt["w2"].view(-1, cfg.intermediate_size))
     x, w, ids, lora = _call_inputs(cfg, t, torch.bfloat16, _adapters(cfg, torch.bfloat16), use_lora)
     conv = TritonExperts.convert_weights(cfg, wt["w13"], wt["w2"])
     out = triton_moe.fused_moe_triton(x, conv["w13"], conv["w2"], w, ids,
@@ -142,8 +143,9 @@ def test_unaligned_rows_take_pointer_loads(name, t, use_lora):
     assert err < 1.5e-2, f"{name} T={t}: {err:.2e}"
 
 
-#: What config_limits reports on an L40S (sm_89: 99 KB opt-in -> a 72 KB budget, 142 SMs).
-ADA_LIMITS = {"device_name": "NVIDIA L40S", "smem_limit": 101376 - 27 * 1024, "num_sms": 142}
+#: An L40S (sm_89: 99 KB opt-in -> a 72 KB budget, 142 SMs, no TMA, no dependent launches).
+ADA = DeviceLimits(num_sms=142, smem_limit=101376 - 27 * 1024, device_name="NVIDIA L40S",
+                   tile_sms=142)  # fmt: skip
 FULL = {
     "nemotron3-nano": ExpertsConfig(128, 2688, 1856, 6, "relu2", gated=False),
     "qwen3-30b-a3b": ExpertsConfig(128, 2048, 768, 8, "silu"),
@@ -159,9 +161,7 @@ def test_tiles_planned_for_an_ada_part_compute_correctly(name, t, use_lora, monk
     the pointer-load path give the reference's result."""
     from moe_policy.experts.triton import fused_moe as triton_moe
 
-    monkeypatch.setattr(triton_moe, "config_limits", lambda device: ADA_LIMITS)
-    monkeypatch.setattr(triton_moe, "_tma_device", lambda t: False)
-    monkeypatch.setattr(triton_moe, "_pdl_usable", lambda x: False)
+    monkeypatch.setattr(triton_moe, "device_limits", lambda device: ADA)
     cfg = FULL[name]
     wt = make_weights(cfg, torch.bfloat16, "cuda", seed=9)
     x, w, ids, lora = _call_inputs(cfg, t, torch.bfloat16, _adapters(cfg, torch.bfloat16), use_lora)

@@ -29,7 +29,9 @@ from moe_policy.experts.testing import (  # noqa: E402
 )
 from moe_policy.experts.triton import config as tc  # noqa: E402
 from moe_policy.experts.triton.align import moe_align  # noqa: E402
+from moe_policy.experts.triton.device import DeviceLimits, device_limits  # noqa: E402
 from moe_policy.experts.triton.fused_moe import TritonExperts, fused_moe_triton  # noqa: E402
+from moe_policy.experts.triton.launch import MoEProblem, plan_launch  # noqa: E402
 from moe_policy.experts.triton.lora import lora_shrink  # noqa: E402
 
 #: As in test_triton_moe; bf16 also rounds the shrink output to bf16 before the expand.
@@ -224,9 +226,7 @@ TILES_128 = tc.MoEConfig(128, tc.GemmConfig(32, 32, 1, 4, 2), tc.GemmConfig(32, 
      (ExpertsConfig(4, 32, 32, 2, "relu2", gated=False), False)],
     ids=["one-dot", "two-dot", "non-gated"],
 )  # fmt: skip
-def test_lora_b_tiles_ahead_with_every_slot_in_a_block(
-    cfg, one_dot, device, monkeypatch, record_launches
-):
+def test_lora_b_tiles_ahead_with_every_slot_in_a_block(cfg, one_dot, device, record_launches):
     """128-row tiles load the B tiles of the block's lowest and highest slots before the main
     loop and the slots in between after it; with all four slots (one disabled, some tokens
     without an adapter) in each expert's one block the result matches the reference and the
@@ -245,38 +245,35 @@ def test_lora_b_tiles_ahead_with_every_slot_in_a_block(
     mapping = torch.where(torch.arange(40) % 5 == 4, -1, torch.arange(40) % 4).int().to(device)
     ctx = lora_context(ad, mapping)
     backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=tiles)
-    seen = record_launches(triton_moe, "_moe_gemm_kernel")
+    seen = record_launches(triton_moe, "moe_gemm_kernel")
     out = backend.apply(x, tw, ti, ctx)
     assert [kw["LORA_B_AHEAD"] for _, kw in seen] == [True, True]
     err = rel_err(out, reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
-    monkeypatch.setattr(triton_moe, "LORA_B_AHEAD", False)
-    assert torch.equal(out, backend.apply(x, tw, ti, ctx))
+    problem = MoEProblem.of(cfg, 40, x.element_size(), ad.num_slots, ad.max_rank)
+    plan = dataclasses.replace(plan_launch(problem, device_limits(x.device), tiles),
+                               lora_b_ahead=False)  # fmt: skip
+    w = backend.weights
+    again = fused_moe_triton(x, w["w13"], w["w2"], tw, ti, activation=cfg.activation,
+                             gated=cfg.gated, lora=ctx, plan=plan)  # fmt: skip
+    assert torch.equal(out, again)
     assert [kw["LORA_B_AHEAD"] for _, kw in seen[2:]] == [False, False]
 
 
-def test_lora_b_tiles_ahead_only_where_blocks_hold_few_slots_or_tiles_are_large(
-    monkeypatch, record_launches
-):
+def test_lora_b_tiles_ahead_only_where_blocks_hold_few_slots_or_tiles_are_large():
     """The rule: decode (one pair per block), pairs ordered by adapter, or 128-row tiles; not
-    16-64-row tiles holding every slot (slower there on the H200)."""
-    from moe_policy.experts.triton import fused_moe as triton_moe
-
+    16-64-row tiles holding every slot."""
     cfg = ExpertsConfig(4, 32, 32, 2, "silu")
-    dtype = dtypes_for_device()[0]
-    device = "cuda" if ON_GPU else "cpu"
-    wts = make_weights(cfg, dtype, device)
-    ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
-    backend = TritonExperts(cfg, wts["w13"], wts["w2"], tile_config=TILES_16_TMA)
-    seen = record_launches(triton_moe, "_moe_gemm_kernel")
-    for t, naive, want in ((2, True, True), (3, False, False), (67, False, True)):
-        x = make_x(t, 32, dtype, device)
-        tw, ti = make_routing(t, 4, 2, device, seed=2)
-        ctx = lora_context(ad, lora_mapping(t, "round_robin", 2, device))
-        fused_moe_triton(x, backend.weights["w13"], backend.weights["w2"], tw, ti, lora=ctx,
-                         config=TILES_16_TMA, naive=naive)  # fmt: skip
-        assert [kw["LORA_B_AHEAD"] for _, kw in seen] == [want, want], (t, naive)
-        seen.clear()
+    for t, naive, tiles, want in (
+        (2, True, TILES_16_TMA, True),
+        (3, False, TILES_16_TMA, False),
+        (67, False, TILES_16_TMA, True),
+        (3, False, TILES_128, True),
+    ):
+        plan = plan_launch(MoEProblem.of(cfg, t, 2, 2, 16), DeviceLimits(), tiles, naive)
+        assert plan.lora_b_ahead is want, (t, naive)
+        assert plan.adapter_order is (t == 67)
+    assert not plan_launch(MoEProblem.of(cfg, 67, 2), DeviceLimits(), TILES_16_TMA).lora_b_ahead
 
 
 @pytest.mark.parametrize(("t", "e"), [(3, 32), (5, 4), (67, 4)],
@@ -374,7 +371,7 @@ def test_lora_unsplit_shrink_small_tiles_match_reference(device):
     """Enough blocks for an unsplit shrink with 16-row tiles (the decode path of real batches)."""
     cfg, tiles = ExpertsConfig(64, 32, 32, 4, "silu"), TILES_16_TMA
     from moe_policy.experts.triton.align import max_blocks_for
-    from moe_policy.experts.triton.fused_moe import SHRINK_MIN_PROGRAMS
+    from moe_policy.experts.triton.launch import SHRINK_MIN_PROGRAMS
 
     t = 32  # 128 pairs over 64 experts: 72 block slots, most of them used once
     assert SHRINK_MIN_PROGRAMS // max_blocks_for(t * cfg.top_k, cfg.num_experts, 16) == 1

@@ -27,8 +27,14 @@ from moe_policy.experts.testing import (  # noqa: E402
 )
 from moe_policy.experts.triton import config as tc  # noqa: E402
 from moe_policy.experts.triton.align import FUSED_MAX, moe_align  # noqa: E402
-from moe_policy.experts.triton.device import sm_count  # noqa: E402
-from moe_policy.experts.triton.fused_moe import TritonExperts, _moe_gemm_kernel, fused_moe_triton  # noqa: E402
+from moe_policy.experts.triton.device import (  # noqa: E402
+    DeviceLimits,
+    device_limits,
+    sm_count,
+)
+from moe_policy.experts.triton.fused_moe import TritonExperts, fused_moe_triton  # noqa: E402
+from moe_policy.experts.triton.gemm import moe_gemm_kernel  # noqa: E402
+from moe_policy.experts.triton.launch import MoEProblem, plan_launch  # noqa: E402
 
 #: Relative-error bounds ||out - ref|| / ||ref|| against the float64 reference, per dtype.
 #: fp32: interpreted dots are exact fp32 (tf32 on a GPU, hence 1e-3 there); fp16: the
@@ -477,7 +483,7 @@ def test_launcher_rejects_bad_input(device):
 
 def test_config_keys_are_kernel_arguments():
     """Every tile-config field maps to a kernel constexpr or a launch option."""
-    names = set(_moe_gemm_kernel.arg_names)
+    names = set(moe_gemm_kernel.arg_names)
     fields = set(tc.GemmConfig.__dataclass_fields__)
     launch_options = {"num_warps", "num_stages"}
     renamed = {"tma": "B_TMA"}
@@ -498,7 +504,7 @@ def test_heuristic_configs_are_sane(t, e, k, h, i, gated):
     for g, b_tiles in ((c.gemm1, 2 if gated else 1), (c.gemm2, 1)):
         for v in (c.block_m, g.block_n, g.block_k):
             assert v >= 16 and v & (v - 1) == 0
-        assert tc._smem_bytes(c.block_m, g, b_tiles) <= tc.SMEM_LIMIT
+        assert tc.smem_bytes(c.block_m, g, b_tiles) <= tc.SMEM_LIMIT
     per_expert = t * k / e
     if per_expert >= 64:
         assert c.block_m == 128
@@ -545,7 +551,7 @@ SMEM_H100, SMEM_A100, SMEM_ADA = 232448, 166912, 101376
 
 def test_smem_budget_keeps_hopper_and_shrinks_elsewhere():
     assert tc.smem_budget(SMEM_H100) == tc.SMEM_LIMIT
-    assert tc.smem_budget(SMEM_A100) == SMEM_A100 - tc._SMEM_RESERVE < tc.SMEM_LIMIT
+    assert tc.smem_budget(SMEM_A100) == SMEM_A100 - tc.SMEM_RESERVE < tc.SMEM_LIMIT
     assert tc.smem_budget(SMEM_ADA) == 72 * 1024
 
 
@@ -560,7 +566,7 @@ def test_heuristic_fits_smaller_shared_memory(e, k, h, i, gated, smem):
     for t in (1, 16, 64, 256, 1024, 4096, 8192):
         c = tc.heuristic_config(t, e, k, h, i, gated, smem_limit=limit, num_sms=108)
         for g, b_tiles in ((c.gemm1, 2 if gated else 1), (c.gemm2, 1)):
-            assert tc._smem_bytes(c.block_m, g, b_tiles) <= limit, (t, g)
+            assert tc.smem_bytes(c.block_m, g, b_tiles) <= limit, (t, g)
             assert g.num_stages >= 2 and g.block_n >= 32 and g.block_k >= 32
         hopper = tc.heuristic_config(t, e, k, h, i, gated, smem_limit=tc.smem_budget(SMEM_H100),
                                      num_sms=132)  # fmt: skip
@@ -569,12 +575,12 @@ def test_heuristic_fits_smaller_shared_memory(e, k, h, i, gated, smem):
 
 def test_fit_stages_drops_stages_then_narrows_n_then_k():
     g = tc.GemmConfig(256, 128, 8, 8, 4)
-    assert tc._fit_stages(128, g, 1, 10**9) == g
-    two = tc._fit_stages(128, g, 1, tc._smem_bytes(128, dataclasses.replace(g, num_stages=2), 1))
+    assert tc.fit_stages(128, g, 1, 10**9) == g
+    two = tc.fit_stages(128, g, 1, tc.smem_bytes(128, dataclasses.replace(g, num_stages=2), 1))
     assert (two.num_stages, two.block_n, two.block_k) == (2, 256, 128)
-    narrow = tc._fit_stages(128, g, 1, 2 * (128 * 128 + 64 * 128) * 2)
+    narrow = tc.fit_stages(128, g, 1, 2 * (128 * 128 + 64 * 128) * 2)
     assert (narrow.num_stages, narrow.block_n, narrow.block_k) == (2, 64, 128)
-    floor = tc._fit_stages(128, g, 1, 1)  # nothing fits: the smallest tile, not a loop forever
+    floor = tc.fit_stages(128, g, 1, 1)  # nothing fits: the smallest tile, not a loop forever
     assert (floor.num_stages, floor.block_n, floor.block_k) == (2, 32, 32)
 
 
@@ -593,7 +599,7 @@ def test_fp32_configs_are_cut_to_fit(e, i, k, h, gated):
             assert (fp32.block_m, fp32.persistent, fp32.tail_m) == (bf16.block_m, bf16.persistent,
                                                                    bf16.tail_m)  # fmt: skip
             for g, b_tiles in ((fp32.gemm1, 2 if gated else 1), (fp32.gemm2, 1)):
-                assert tc._smem_bytes(fp32.block_m, g, b_tiles, 4, True) <= tc.SMEM_LIMIT, (t, g)
+                assert tc.smem_bytes(fp32.block_m, g, b_tiles, 4, True) <= tc.SMEM_LIMIT, (t, g)
                 assert g.num_stages >= 2 and g.block_n >= 32 and g.block_k >= 32
     prefill = tc.get_config(4096, 8, 2, 4096, 14336, True, "NVIDIA H200", elem_bytes=4)
     assert prefill.gemm2.block_n < 256  # 128 x 256 fp32 output tile: 128 KB on its own
@@ -620,32 +626,24 @@ def test_lora_shrink_tiles_fit_the_dtype_and_part():
 
 
 @pytest.mark.parametrize(("dtype", "elem"), [(torch.float16, 2), (torch.float32, 4)])
-def test_launch_passes_the_devices_limits_to_get_config(monkeypatch, dtype, elem):
-    """fused_moe_triton asks get_config for the tensor's device limits (off CUDA: none) and
-    the operands' element size (fp32 tiles take twice the shared memory)."""
+def test_plan_asks_get_config_for_the_devices_limits(monkeypatch, dtype, elem):
+    """The plan's tile config is get_config's for the device's limits (off CUDA: none, the
+    defaults) and the operands' element size (fp32 tiles take twice the shared memory)."""
     from moe_policy.experts.triton import device as triton_device
-    from moe_policy.experts.triton import fused_moe as triton_moe
 
     assert triton_device.config_limits(torch.device("cpu")) == {}
     monkeypatch.setattr(triton_device, "cuda_limits", lambda index: {"smem_limit": index})
     assert triton_device.config_limits(torch.device("cuda", 3)) == {"smem_limit": 3}
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_get_config(*args, **kwargs):
-        seen.update(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(triton_moe, "config_limits", lambda device: {"smem_limit": 1, "num_sms": 2})
-    monkeypatch.setattr(triton_moe, "get_config", fake_get_config)
-    x = torch.randn(3, 64, dtype=dtype)
-    ids = torch.tensor([[0, 1], [1, 2], [2, 3]], dtype=torch.int32)
-    with pytest.raises(Stop):
-        fused_moe_triton(x, torch.randn(4, 192, 64, dtype=dtype),
-                         torch.randn(4, 64, 96, dtype=dtype), torch.rand(3, 2), ids)  # fmt: skip
-    assert seen == {"smem_limit": 1, "num_sms": 2, "elem_bytes": elem}
+    assert device_limits(torch.device("cpu")) == DeviceLimits(tma=not ON_GPU)  # interpreted
+    problem = MoEProblem(3000, 2, 4, 64, 96, elem_bytes=elem)
+    for dev in (DeviceLimits(), DeviceLimits(smem_limit=40 * 1024, num_sms=2, tile_sms=2)):
+        want = tc.get_config(3000, 4, 2, 64, 96, True, smem_limit=dev.smem_limit,
+                             num_sms=dev.tile_sms, elem_bytes=elem)  # fmt: skip
+        assert plan_launch(problem, dev).config == want
+    assert (
+        plan_launch(problem, DeviceLimits(smem_limit=40 * 1024)).config
+        != plan_launch(problem, DeviceLimits()).config
+    )
 
 
 def test_tuned_key_between_two_entries():
@@ -722,17 +720,25 @@ def test_experts_package_import_is_light():
 
 
 def test_tma_descriptor_only_where_tma_can_serve(device):
-    """TMA is used when asked and the rows are 16-byte aligned; otherwise pointers serve."""
+    """TMA is planned when the tiles ask, the box fits (at most 256 rows) and the device has
+    TMA; the launcher then uses it where the rows are 16-byte aligned and the tensor is
+    contiguous; otherwise pointers serve."""
     from moe_policy.experts.triton import fused_moe as tm
 
-    g = tc.GemmConfig(32, 16, tma=True)
+    def gemm1(block_n, tma=True, device_tma=True):
+        tiles = tc.MoEConfig(16, tc.GemmConfig(block_n, 16, tma=tma), tc.GemmConfig(32, 16))
+        problem = MoEProblem(3, 2, 4, 72, 32, gated=False)
+        return plan_launch(problem, DeviceLimits(tma=device_tma), tiles).gemm1
+
+    assert gemm1(32).b_tma and not gemm1(32, tma=False).b_tma  # not asked
+    assert not gemm1(32, device_tma=False).b_tma
+    assert not gemm1(512).b_tma  # box taller than 256 rows
     w = torch.zeros(4, 64, 72, dtype=torch.float16, device=device)
-    assert tm._weight_descriptor(w, 32, g) is not None
-    assert tm._weight_descriptor(w, 32, tc.GemmConfig(32, 16)) is None  # not asked
-    assert tm._weight_descriptor(w, 512, g) is None  # box taller than 256 rows
+    assert tm.weight_descriptor(w, gemm1(32)) is not None
+    assert tm.weight_descriptor(w, gemm1(32, tma=False)) is None
     odd = torch.zeros(4, 64, 70, dtype=torch.float16, device=device)  # 140-byte rows
-    assert tm._weight_descriptor(odd, 32, g) is None
-    assert tm._weight_descriptor(w.transpose(1, 2), 32, g) is None  # not contiguous
+    assert tm.weight_descriptor(odd, gemm1(32)) is None
+    assert tm.weight_descriptor(w.transpose(1, 2), gemm1(32)) is None  # not contiguous
 
 
 def test_tma_tiles_fall_back_on_unaligned_rows(device):
@@ -756,12 +762,10 @@ def test_tma_tiles_fall_back_on_unaligned_rows(device):
 # GEMM 2's TMA box spans the rows after the pair's own, some never written (invalid experts):
 # the interpreter warns about their garbage (matmul, epilogue), whose results are never stored
 @pytest.mark.filterwarnings("ignore:invalid value encountered in (matmul|multiply):RuntimeWarning")
-def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch, record_launches):
+def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, record_launches):
     """Decode (one pair per block): GEMM 2's last-arriving pair per token and N tile writes the
     top-k sum; bit-identical to the separate sum kernel, invalid experts included, and every
     call re-zeroes its counters (the same output twice)."""
-    from moe_policy.experts.triton import fused_moe as triton_moe
-
     wts = make_weights(cfg, dtype, device)
     conv = TritonExperts.convert_weights(
         cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
@@ -772,19 +776,20 @@ def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch, 
     if t > 2:
         ti[2, :] = cfg.num_experts  # a token with no valid expert at all
 
-    def run():
+    def run(plan=None):
         return fused_moe_triton(
             x, conv["w13"], conv["w2"], tw, ti, activation=cfg.activation, gated=cfg.gated,
             w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
-            apply_router_weight_on_input=cfg.apply_router_weight_on_input, naive=True,
+            apply_router_weight_on_input=cfg.apply_router_weight_on_input, naive=True, plan=plan,
         )  # fmt: skip
 
-    sums = _count_sum_launches(monkeypatch, record_launches)
+    sums = _count_sum_launches(record_launches)
     fused = run()
     assert torch.equal(run(), fused)
     assert sums == []  # GEMM 2 summed; no sum kernel ran
-    monkeypatch.setattr(triton_moe, "FUSED_DECODE_SUM", False)
-    assert torch.equal(run(), fused)
+    plan = plan_launch(MoEProblem.of(cfg, t, x.element_size()), device_limits(x.device), naive=True)
+    assert plan.fused_sum
+    assert torch.equal(run(plan=dataclasses.replace(plan, fused_sum=False)), fused)
     assert len(sums) == 1
     if t > 2:
         assert bool((fused[2] == 0).all())
@@ -792,7 +797,7 @@ def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, monkeypatch, 
     assert rel_err(fused, ref) < REL_TOL[dtype]
 
 
-def test_decode_fused_sum_needs_whole_counter_words(device, monkeypatch, record_launches):
+def test_decode_fused_sum_needs_whole_counter_words(device, record_launches):
     """An odd hidden size in 16-bit (rows not a whole number of int32 words) keeps the sum
     kernel and still matches the reference."""
     dtype = dtypes_for_device()[0]
@@ -801,18 +806,18 @@ def test_decode_fused_sum_needs_whole_counter_words(device, monkeypatch, record_
     conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
     x = make_x(2, 33, dtype, device)
     tw, ti = make_routing(2, 32, 2, device)
-    sums = _count_sum_launches(monkeypatch, record_launches)
+    sums = _count_sum_launches(record_launches)
     out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, naive=True)
     assert len(sums) == 1
     ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)
     assert rel_err(out, ref) < REL_TOL[dtype]
 
 
-def _count_sum_launches(monkeypatch, record_launches) -> list:
+def _count_sum_launches(record_launches) -> list:
     """Record each launch of the separate top-k sum kernel."""
     from moe_policy.experts.triton import fused_moe as triton_moe
 
-    return record_launches(triton_moe, "_moe_sum_kernel")
+    return record_launches(triton_moe, "moe_sum_kernel")
 
 
 #: N tiles of 64 columns over N = 64*k + 24 (GEMM 1, I = 88) and + 8 (GEMM 2, H = 200): the last
@@ -831,9 +836,7 @@ N_TAIL_TILES = tc.MoEConfig(
     ],
     ids=["one-dot-tma", "two-dot", "nongated"],
 )
-def test_narrow_last_n_tile_matches_wide_one(
-    act, gated, tiles, device, monkeypatch, record_launches
-):
+def test_narrow_last_n_tile_matches_wide_one(act, gated, tiles, device, record_launches):
     """A last N tile at most half full runs a narrow tile; results match the reference and
     the full-width tile, with bias and LoRA too."""
     from moe_policy.experts.lora import MoELoRAContext
@@ -850,18 +853,25 @@ def test_narrow_last_n_tile_matches_wide_one(
     tw, ti = make_routing(70, 8, 2, device, seed=4)
     ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
     ctx = MoELoRAContext(ad, lora_mapping(70, "some_none", 2, device))
-    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "moe_gemm_kernel")
 
-    def run(lora=None):
+    def run(lora=None, plan=None):
         return fused_moe_triton(
             x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
             w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"], config=tiles, lora=lora,
+            plan=plan,
         )  # fmt: skip
 
     narrow, narrow_lora = run(), run(ctx)
     assert [kw["TAIL_N"] for _, kw in gemms] == [32, 16, 32, 16]
-    monkeypatch.setattr(triton_moe, "N_TAIL_TILES", False)
-    wide, wide_lora = run(), run(ctx)
+
+    def wide_plan(lora=None):
+        rank = (ad.num_slots, ad.max_rank) if lora is not None else ()
+        plan = plan_launch(MoEProblem.of(cfg, 70, x.element_size(), *rank),
+                           device_limits(x.device), tiles)  # fmt: skip
+        return dataclasses.replace(plan, narrow_n=False)
+
+    wide, wide_lora = run(plan=wide_plan()), run(ctx, plan=wide_plan(ctx))
     assert [kw["TAIL_N"] for _, kw in gemms[4:]] == [0, 0, 0, 0]
     tol = 1e-6 if not ON_GPU else 1e-3
     assert rel_err(narrow, wide.double()) < tol
@@ -884,11 +894,11 @@ PERSISTENT_TILES = tc.MoEConfig(
 def _layer_call(x, conv, tw, ti, act, gated, on_input):
     """config -> fused_moe_triton on these inputs and converted weights (with biases)."""
 
-    def run(c):
+    def run(c, plan=None):
         return fused_moe_triton(
             x, conv["w13"], conv["w2"], tw, ti, activation=act, gated=gated,
             w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
-            apply_router_weight_on_input=on_input, config=c,
+            apply_router_weight_on_input=on_input, config=c, plan=plan,
         )  # fmt: skip
 
     return run
@@ -922,7 +932,7 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
     t = 2000 if ON_GPU else 90  # more tiles than SMs either way
     x = make_x(t, 72, dtype, device)
     tw, ti = make_routing(t, 8, 3, device, kind=routing, seed=5)
-    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "moe_gemm_kernel")
 
     run = _layer_call(x, conv, tw, ti, act, gated, on_input)
 
@@ -1016,7 +1026,6 @@ def test_stream_k_tails_match_whole_tiles(
     rest = [(live_m * n) % sms for n in (3, 2)]  # last-round tiles; N tiles: 40/16, 72/32
     partial_round = any(0 < r <= sms // 2 for r in rest)  # split along K in 2 or more parts
     assert partial_round or ON_GPU
-    monkeypatch.setattr(triton_moe, "stream_k_headroom_bytes", lambda *a: 1 << 40)
     made = []
 
     def buffers(elems, programs, dev):
@@ -1027,16 +1036,18 @@ def test_stream_k_tails_match_whole_tiles(
         made.append((ws, cnt))
         return ws, cnt
 
-    monkeypatch.setattr(triton_moe, "_stream_k_buffers", buffers)
-    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
+    monkeypatch.setattr(triton_moe, "stream_k_buffers", buffers)
+    gemms = record_launches(triton_moe, "moe_gemm_kernel")
 
     run = _layer_call(x, conv, tw, ti, act, gated, on_input)
-
-    split = run(PERSISTENT_TILES)
-    again = run(PERSISTENT_TILES)
+    # stream-K whether or not the memory budget of these small shapes has room for it
+    plan = plan_launch(MoEProblem.of(cfg, t, x.element_size()), device_limits(x.device),
+                       PERSISTENT_TILES)  # fmt: skip
+    assert plan.persistent
+    split = run(PERSISTENT_TILES, plan=dataclasses.replace(plan, stream_k=True))
+    again = run(PERSISTENT_TILES, plan=dataclasses.replace(plan, stream_k=True))
     assert [kw["STREAM_K"] for _, kw in gemms] == [True, True, True, True]
-    monkeypatch.setattr(triton_moe, "STREAM_K_TAILS", False)
-    whole = run(PERSISTENT_TILES)
+    whole = run(PERSISTENT_TILES, plan=dataclasses.replace(plan, stream_k=False))
     assert [kw["STREAM_K"] for _, kw in gemms[4:]] == [False, False]
     assert torch.equal(split, again)
     assert not bool(split.isnan().any())
@@ -1050,30 +1061,31 @@ def test_stream_k_tails_match_whole_tiles(
     assert bool(ws.isnan().all()) is not partial_round
 
 
-def test_stream_k_needs_room_in_the_memory_budget(device, monkeypatch, record_launches):
-    """The stream-K workspace is allocated only inside issue 4's budget: what one
+def test_stream_k_needs_room_in_the_memory_budget(device, record_launches):
+    """The stream-K workspace is allocated only inside the layer's memory budget: what one
     ``numel x max(N1, H)`` buffer leaves beside GEMM 2's ``numel x H`` output (all of it
     when k = 1, where GEMM 2 writes the layer output)."""
     from moe_policy.experts.triton import fused_moe as triton_moe
+    from moe_policy.experts.triton import launch
 
-    assert triton_moe.stream_k_headroom_bytes(2048, 28672, 4096, 2, False) == 2048 * 24576 * 2
-    assert triton_moe.stream_k_headroom_bytes(100, 1536, 2048, 2, False) == 0  # Qwen3: N1 < H
-    assert triton_moe.stream_k_headroom_bytes(100, 1536, 2048, 2, True) == 100 * 2048 * 2
-    assert triton_moe.stream_k_workspace_elems(132, 128, 256) == 132 * 128 * 256
+    assert launch.stream_k_headroom_bytes(2048, 28672, 4096, 2, False) == 2048 * 24576 * 2
+    assert launch.stream_k_headroom_bytes(100, 1536, 2048, 2, False) == 0  # Qwen3: N1 < H
+    assert launch.stream_k_headroom_bytes(100, 1536, 2048, 2, True) == 100 * 2048 * 2
+    assert launch.stream_k_workspace_elems(132, 128, 256) == 132 * 128 * 256
     cfg = ExpertsConfig(8, 72, 40, 3, "silu", has_bias=False)
     wts = make_weights(cfg, torch.float32, device)
     conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
     x = make_x(90, 72, torch.float32, device)
     tw, ti = make_routing(90, 8, 3, device, seed=11)
-    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "moe_gemm_kernel")
     fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=PERSISTENT_TILES)
     # 270 pairs x (80 - 72) columns x 4 bytes is less than 4 programs' partial tiles
     assert [kw["STREAM_K"] for _, kw in gemms] == [False, False]
 
 
-def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatch, record_launches):
+def test_persistent_config_is_ignored_at_decode_and_with_lora(device, record_launches):
     """Decode batches (one pair per block) and LoRA calls launch one program per tile even
-    when the config asks for persistent GEMMs; the module switch turns it off everywhere."""
+    when the config asks for persistent GEMMs; a plan without them launches none."""
     from moe_policy.experts.lora import MoELoRAContext
     from moe_policy.experts.testing import lora_mapping, make_lora
     from moe_policy.experts.triton import fused_moe as triton_moe
@@ -1083,14 +1095,14 @@ def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatc
     wts = make_weights(cfg, dtype, device)
     conv = TritonExperts.convert_weights(cfg, wts["w13"], wts["w2"])
     ad = make_lora(cfg, num_slots=2, max_rank=16, ranks=[16, 8], dtype=dtype, device=device)
-    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "moe_gemm_kernel")
 
-    def run(t, lora=False, naive=None):
+    def run(t, lora=False, naive=None, plan=None):
         x = make_x(t, 64, dtype, device)
         tw, ti = make_routing(t, 8, 2, device, seed=6)
         ctx = MoELoRAContext(ad, lora_mapping(t, "round_robin", 2, device)) if lora else None
         out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=PERSISTENT_TILES,
-                               lora=ctx, naive=naive)  # fmt: skip
+                               lora=ctx, naive=naive, plan=plan)  # fmt: skip
         ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64) if not lora else None
         assert ref is None or rel_err(out, ref) < REL_TOL[dtype]
         launched = [kw["PERSISTENT"] for _, kw in gemms]
@@ -1100,15 +1112,15 @@ def test_persistent_config_is_ignored_at_decode_and_with_lora(device, monkeypatc
     assert run(40) == [True, True]
     assert run(2, naive=True) == [False, False]
     assert run(40, lora=True) == [False, False]
-    monkeypatch.setattr(triton_moe, "PERSISTENT_GEMMS", False)
-    assert run(40) == [False, False]
+    plan = plan_launch(MoEProblem.of(cfg, 40, conv["w13"].element_size()),
+                       device_limits(conv["w13"].device), PERSISTENT_TILES)  # fmt: skip
+    assert run(40, plan=dataclasses.replace(plan, persistent=False)) == [False, False]
 
 
-def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(
-    device, monkeypatch, record_launches
-):
+def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(device, record_launches):
     """A persistent entry has no tail tiles (its loop cannot run them); run per tile, as with
-    LoRA or with the switch off, it takes the default tails of its block height."""
+    LoRA or in a plan without persistent GEMMs, it takes the default tails of its block
+    height."""
     from moe_policy.experts.lora import MoELoRAContext
     from moe_policy.experts.testing import lora_mapping, make_lora
     from moe_policy.experts.triton import fused_moe as triton_moe
@@ -1124,10 +1136,11 @@ def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(
     x = make_x(t, 32, dtype, device)
     tw, ti = make_routing(t, 4, 2, device, seed=3)
     ctx = MoELoRAContext(ad, lora_mapping(t, "round_robin", 2, device))
-    gemms = record_launches(triton_moe, "_moe_gemm_kernel")
+    gemms = record_launches(triton_moe, "moe_gemm_kernel")
 
-    def launched(lora=None):
-        out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=tiles, lora=lora)
+    def launched(lora=None, plan=None):
+        out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, config=tiles, lora=lora,
+                               plan=plan)  # fmt: skip
         got = [(kw["PERSISTENT"], kw["TAIL_M"]) for _, kw in gemms]
         gemms.clear()
         return out, got
@@ -1138,8 +1151,8 @@ def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(
         rel_err(base, reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)) < REL_TOL[dtype]
     )
     assert launched(ctx)[1] == [(False, tc.default_tail_m(128))] * 2
-    monkeypatch.setattr(triton_moe, "PERSISTENT_GEMMS", False)
-    per_tile, got = launched()
+    plan = plan_launch(MoEProblem.of(cfg, t, x.element_size()), device_limits(x.device), tiles)
+    per_tile, got = launched(plan=dataclasses.replace(plan, persistent=False))
     assert got == [(False, 64)] * 2
     tol = 1e-3 if ON_GPU else 1e-6
     assert rel_err(per_tile, base.double()) < tol
@@ -1164,10 +1177,9 @@ def test_tma_and_dependent_launches_only_on_nvidia_hopper(monkeypatch, hip, cap,
     """ROCm builds of torch report MI300-class GPUs as compute capability 9.4: no TMA or
     dependent launches there (ROCm's Triton rejects the launch option by name)."""
     from moe_policy.experts.triton import device as triton_device
-    from moe_policy.experts.triton import fused_moe as triton_moe
 
     monkeypatch.setattr(torch.version, "hip", hip)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: cap)
-    assert triton_moe._has_tma.__wrapped__(0) is expected
+    assert triton_device.has_tma.__wrapped__(0) is expected
     assert triton_device.pdl_launch(False) == {}
     assert triton_device.pdl_launch(True) == {"launch_pdl": True}

@@ -63,8 +63,7 @@ _STABLE_CHUNK = 256
 _BLOCK_CHUNK = 64
 #: int32 elements between neighbouring keys' cursors in the multi-program path: one 128-byte
 #: line each, so the scatter's per-pair atomics spread over L2 instead of queueing on the few
-#: lines a packed array takes (H200, 128 experts: the alignment 22.1 -> 13.3 us at 65536
-#: pairs, 15.8 -> 11.6 at 32768; ``results/ab_align_cursor_lines_h200.txt``) ...
+#: lines a packed array takes ...
 CURSOR_STEP = 32
 #: ... within this many bytes for all cursors (closer together beyond: 2048 adapter-ordered
 #: keys get 16 bytes each), so that they stay a small part of the output they are carved from.

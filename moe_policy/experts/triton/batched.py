@@ -49,18 +49,10 @@ import triton.language as tl
 
 from moe_policy.experts.base import GATED_ACTIVATIONS, NON_GATED_ACTIVATIONS, FusedMoEExperts
 from moe_policy.experts.lora import MoELoRAContext
-from moe_policy.experts.triton.config import SMEM_LIMIT, GemmConfig, _fit_stages
+from moe_policy.experts.triton.config import SMEM_LIMIT, GemmConfig, fit_stages
 from moe_policy.experts.triton.device import config_limits, sm_count, triton_runtime_available
+from moe_policy.experts.triton.jit import ACT_NONE, ACTIVATION_CODES, activation
 
-# Activation codes (constexpr in the kernels).
-ACT_NONE, ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_RELU2, ACT_SWIGLUOAI = 0, 1, 2, 3, 4, 5
-_ACT_CODES = {
-    "silu": ACT_SILU,
-    "gelu": ACT_GELU,
-    "gelu_tanh": ACT_GELU_TANH,
-    "relu2": ACT_RELU2,
-    "swigluoai": ACT_SWIGLUOAI,
-}
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -83,13 +75,13 @@ def gemm_config(
     m: int, n: int, k: int, gated: bool, smem_limit: int = SMEM_LIMIT, elem_bytes: int = 2
 ) -> dict[str, int]:
     """Tile config for one batched GEMM with ``m`` rows per expert, its stages and tiles cut
-    (as ``triton_config._fit_stages`` does) to ``smem_limit`` bytes of shared memory for
+    (as ``triton_config.fit_stages`` does) to ``smem_limit`` bytes of shared memory for
     ``elem_bytes``-byte operands: gated decode tiles take 108-120 KB in bf16, over Ada's
     budget, and twice that in fp32."""
     for max_m, plain, gate in _TILES:
         if m <= max_m:
             bm, bn, bk, warps, stages = gate if gated else plain
-            g = _fit_stages(bm, GemmConfig(bn, bk, 1, warps, stages), 2 if gated else 1,
+            g = fit_stages(bm, GemmConfig(bn, bk, 1, warps, stages), 2 if gated else 1,
                             smem_limit, elem_bytes)  # fmt: skip
             return dict(
                 zip(_TILE_KEYS, (bm, g.block_n, g.block_k, warps, g.num_stages), strict=True)
@@ -117,31 +109,6 @@ def shrink_config(m: int) -> dict[str, int]:
 # ----------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------
-@triton.jit
-def _activation(g, u, alpha, limit, ACT: tl.constexpr, GATED: tl.constexpr):
-    """act(g) (* u when gated) in fp32; swigluoai is the clamped gpt-oss variant."""
-    if ACT == 5:  # swigluoai: (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g), g <= limit
-        gc = tl.minimum(g, limit)
-        uc = tl.minimum(tl.maximum(u, -limit), limit)
-        r = (uc + 1.0) * gc * tl.sigmoid(alpha * gc)
-    else:
-        if ACT == 1:  # silu
-            r = g * tl.sigmoid(g)
-        elif ACT == 2:  # gelu (erf)
-            r = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
-        elif ACT == 3:  # gelu (tanh approximation); tanh(y) = 2 sigmoid(2y) - 1
-            y = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-            r = 0.5 * g * (2.0 * tl.sigmoid(2.0 * y))
-        elif ACT == 4:  # relu^2
-            r = tl.maximum(g, 0.0)
-            r = r * r
-        else:
-            r = g
-        if GATED:
-            r = r * u
-    return r
-
-
 @triton.jit
 def _batched_gemm_kernel(
     # Pointers: input rows, weights, bias, output, per-expert counts, LoRA (slot map,
@@ -281,7 +248,7 @@ def _batched_gemm_kernel(
                     acc_u += tl.dot(u1.to(b1.dtype), b1)
 
     # Epilogue 3: activation (GEMM1) and masked store of the valid rows.
-    res = _activation(acc_g, acc_u, alpha, limit, ACT, GATED) if ACT != 0 else acc_g
+    res = activation(acc_g, acc_u, alpha, limit, ACT, GATED) if ACT != 0 else acc_g
     out_ptrs = out_ptr + e64 * stride_oe + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(
         out_ptrs, res.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n[None, :] < N)
@@ -388,7 +355,7 @@ def _lora_shrink_kernel(
 # ----------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------
-def _lora_shrink(
+def batched_lora_shrink(
     x: torch.Tensor,
     a: torch.Tensor,
     slot_map: torch.Tensor,
@@ -634,14 +601,14 @@ def batched_fused_experts(
     x = x if x.stride(2) == 1 else x.contiguous()
     counts = expert_num_tokens.to(torch.int32)
     interleaved = activation == "swigluoai"
-    act = _ACT_CODES[activation]
+    act = ACTIVATION_CODES[activation]
 
     lora13 = lora2 = None
     if lora is not None:
         ad = lora.adapters
         slot_map = lora.token_lora_mapping.to(torch.int32)
         enabled = ad.enabled.to(device=x.device, dtype=torch.int32)
-        u = _lora_shrink(x, ad.w13_a, slot_map, enabled, counts, 2 if gated else 1)
+        u = batched_lora_shrink(x, ad.w13_a, slot_map, enabled, counts, 2 if gated else 1)
         lora13 = (slot_map, enabled, u, ad.w13_b)
 
     # GEMM1 (+ LoRA expand, bias, activation) -> a [E, M, I].
@@ -665,7 +632,7 @@ def batched_fused_experts(
         ad = lora.adapters
         w2_a = ad.w2_a.unsqueeze(0)  # [1, L, E, R, I]
         w2_b = ad.w2_b.unsqueeze(0)  # [1, L, E, H, R]
-        v = _lora_shrink(a, w2_a, slot_map, enabled, counts, 1)
+        v = batched_lora_shrink(a, w2_a, slot_map, enabled, counts, 1)
         lora2 = (slot_map, enabled, v, w2_b)
 
     # GEMM2 (+ LoRA expand, bias) -> out [E, M, H].

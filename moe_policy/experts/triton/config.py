@@ -6,7 +6,7 @@ GEMM 1, ``block_n`` counts output columns of the activation: the program reads t
 and the up rows of those columns, so the MMA is ``2 * block_n`` wide.
 
 Tuned files live in ``experts/configs/E={E},N={I},device_name={name}.json`` (written by
-``benchmarks/tune_triton.py``) and map a token count to a config; the nearest key in log scale
+``tools/tune_triton.py``) and map a token count to a config; the nearest key in log scale
 wins (halfway between two: ``get_config``).
 """
 
@@ -21,19 +21,19 @@ from typing import Any
 #: Folder of tuned config files.
 CONFIG_DIR = Path(__file__).parent / "configs"
 #: Multiprocessors of the part the heuristic was written for (H100/H200).
-_SMS = 132
+HEURISTIC_SMS = 132
 #: Shared memory a program may use, bytes (Hopper allows 227 KB; keep a margin).
 SMEM_LIMIT = 200 * 1024
 #: The margin: what a config leaves of the device's per-block opt-in shared memory for
 #: barriers and layout conversions (227 KB on Hopper - 27 KB = the 200 KB above).
-_SMEM_RESERVE = 27 * 1024
+SMEM_RESERVE = 27 * 1024
 
 
 def smem_budget(max_shared_mem: int) -> int:
     """Shared memory a config may plan for on a device with ``max_shared_mem`` bytes of opt-in
     shared memory per block (Triton's ``max_shared_mem``): the Hopper figure, or less (A100 163
     KB -> 136 KB, Ada 99 KB -> 72 KB), so that the heuristic's tiles launch there too."""
-    return min(SMEM_LIMIT, max_shared_mem - _SMEM_RESERVE)
+    return min(SMEM_LIMIT, max_shared_mem - SMEM_RESERVE)
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,7 @@ class MoEConfig:
     walking its share of the tiles in one flattened, pipelined loop, so a tile's epilogue
     overlaps the next tile's loads. No tail tiles there (``tail_m`` must be 0); a narrow last N
     tile runs after the full-width ones, in a second loop. Tuned files set it where a
-    whole-layer comparison says so (H200: Qwen3-30B-A3B T=2048-8192 -2 to -8%, Mixtral T>=1024
-    -2 to -5%; Nemotron T=2048/4096/8192 +4.2/-1.0/-0.3%, gpt-oss T=2048/4096/8192
-    -1.2/-1.2/+8.3%, with LoRA +3 to +27%), the heuristic where ``default_persistent`` says;
+    whole-layer comparison says so, the heuristic where ``default_persistent`` says;
     decode batches and LoRA calls ignore it and run the entry's tiles one program per tile,
     with the default tail tiles (``default_tail_m``).
     """
@@ -143,7 +141,7 @@ def _pow2_at_most(x: int, cap: int, floor: int = 16) -> int:
     return max(floor, min(cap, p))
 
 
-def _smem_bytes(
+def smem_bytes(
     block_m: int, cfg: GemmConfig, b_tiles: int, elem: int = 2, epilogue: bool = False
 ) -> int:
     """Shared memory of a GEMM tile's pipeline stages, and with ``epilogue`` of an output tile
@@ -153,14 +151,14 @@ def _smem_bytes(
     return (stages + (block_m * b_tiles * cfg.block_n if epilogue else 0)) * elem
 
 
-def _fit_stages(
+def fit_stages(
     block_m: int, cfg: GemmConfig, b_tiles: int, limit: int = SMEM_LIMIT, elem: int = 2,
     epilogue: bool = False,
 ) -> GemmConfig:  # fmt: skip
     """Fewer pipeline stages (down to 2), then narrower N and K tiles (down to 32), until the
     stages of ``elem``-byte operands (and the output tile, ``epilogue``) fit ``limit`` bytes
     of shared memory."""
-    while _smem_bytes(block_m, cfg, b_tiles, elem, epilogue) > limit:
+    while smem_bytes(block_m, cfg, b_tiles, elem, epilogue) > limit:
         if cfg.num_stages > 2:
             cfg = replace(cfg, num_stages=cfg.num_stages - 1)
         elif cfg.block_n > 32:
@@ -173,9 +171,8 @@ def _fit_stages(
 
 
 def default_tail_m(block_m: int) -> int:
-    """Tail tile for ``block_m``: half of a 128-row block, none below (whole-layer H200
-    comparison, 2026-11-29: 2-6% faster at T >= 1024 with and without LoRA; quarter-size
-    tails and tails of 64-row blocks gained nothing)."""
+    """Tail tile for ``block_m``: half of a 128-row block, none below (faster at large T with
+    and without LoRA; quarter-size tails and tails of 64-row blocks gained nothing)."""
     return block_m // 2 if block_m >= 128 else 0
 
 
@@ -187,8 +184,7 @@ def is_decode_batch(num_tokens: int, top_k: int, num_experts: int) -> bool:
 
 def default_pdl(num_tokens: int, num_experts: int, top_k: int) -> bool:
     """Dependent launches for decode batches (``is_decode_batch``), whose kernels last a few
-    microseconds (whole-layer H200 comparison, 2026-11-29: T=1 0.2-0.9% faster, larger T
-    within 1%). LoRA calls use them at every size anyway (``triton_moe.LORA_PDL``)."""
+    microseconds. LoRA calls use them at every size anyway (``launch.plan_launch``)."""
     return is_decode_batch(num_tokens, top_k, num_experts)
 
 
@@ -201,15 +197,14 @@ def heuristic_config(
     gated: bool,
     *,
     smem_limit: int = SMEM_LIMIT,
-    num_sms: int = _SMS,
+    num_sms: int = HEURISTIC_SMS,
 ) -> MoEConfig:
     """Batch-aware default: small BLOCK_M for decode, 128-row wgmma tiles for prefill.
 
     128-row tiles from 64 pairs per expert on (half-height tiles for the experts' short last
-    blocks), persistent GEMMs from 128 on: the H200 files chose 128 rows at every tuned point
-    with 64-128 pairs per expert (Mixtral T=256, Qwen3 T=1024, gpt-oss T=1024), and on
-    DeepSeek-V3's routed experts (no tuned file) 64-row tiles took 1.13x as long at T=2048 and
-    1.38x at T=4096 (``results/ab_heuristic_block_m_h200.txt``)."""
+    blocks), persistent GEMMs from 128 on: the tuned files chose 128 rows at every tuned point
+    with 64-128 pairs per expert, and 64-row tiles were slower on a model without a tuned
+    file."""
     pairs = max(1, num_tokens * top_k)
     per_expert = pairs / num_experts
     if per_expert <= 16:
@@ -249,7 +244,7 @@ def heuristic_config(
                  block_k=_pow2_at_most(hidden, g1.block_k), tma=True)  # fmt: skip
     g2 = replace(g2, block_n=_pow2_at_most(hidden, g2.block_n),
                  block_k=_pow2_at_most(inter, g2.block_k), tma=True)  # fmt: skip
-    g1, g2 = _fit_stages(block_m, g1, b1, smem_limit), _fit_stages(block_m, g2, 1, smem_limit)
+    g1, g2 = fit_stages(block_m, g1, b1, smem_limit), fit_stages(block_m, g2, 1, smem_limit)
     persistent = per_expert >= 128 and default_persistent(
         block_m, inter, hidden, g1.block_n, g2.block_n
     )
@@ -261,13 +256,10 @@ def heuristic_config(
 
 
 def default_persistent(block_m: int, inter: int, hidden: int, bn1: int, bn2: int) -> bool:
-    """Persistent GEMMs for 128-row prefill tiles whose N tiles divide I and H (whole-layer
-    H200 comparisons, 2026-11-29, on the tiles this heuristic gives: Qwen3-30B-A3B
-    T=2048-8192 -2 to -8 %, Mixtral T=1024-8192 -2 to -5 %). Where N leaves a narrow last tile
-    (Nemotron: 1856, 2688; gpt-oss-20b: 2880) the persistent loop runs no tail tiles and wins
-    nothing reliable: even with the narrow tiles in a second loop, Nemotron T=2048/4096/8192
-    +4.2/-1.0/-0.3 %, gpt-oss T=2048/4096/8192 -1.2/-1.2/+8.3 % (2026-11-30,
-    ``results/ab_persistent_narrow_n_h200.txt``)."""
+    """Persistent GEMMs for 128-row prefill tiles whose N tiles divide I and H (faster on the
+    tiles this heuristic gives). Where N leaves a narrow last tile (Nemotron: 1856, 2688;
+    gpt-oss-20b: 2880) the persistent loop runs no tail tiles and wins nothing reliable, even
+    with the narrow tiles in a second loop."""
     return block_m == 128 and inter % bn1 == 0 and hidden % bn2 == 0
 
 
@@ -304,7 +296,7 @@ def get_config(
     device_name: str | None = None,
     *,
     smem_limit: int = SMEM_LIMIT,
-    num_sms: int = _SMS,
+    num_sms: int = HEURISTIC_SMS,
     elem_bytes: int = 2,
 ) -> MoEConfig:
     """Tuned config nearest to ``num_tokens`` (in log scale) when a file exists, else the
@@ -314,10 +306,8 @@ def get_config(
 
     A count halfway (in log scale) between two tuned ones, as every power of two is between
     the files' 1, 16, 64, 256, 1024, 4096 and 8192, takes the upper entry when its tiles are
-    prefill tiles (BLOCK_M >= 64), else the lower: on the H200 files the upper entry was
-    2.6-23 % faster at T=128, 512 and 2048 wherever the two differ, and the lower 2.6-3.1 %
-    faster at T=32 (``results/ab_tuned_key_ties_h200.txt``; float log distances had left such
-    ties to rounding)."""
+    prefill tiles (BLOCK_M >= 64), else the lower: so the tuned files' comparisons said
+    (compared exactly: float log distances would leave such ties to rounding)."""
     table = load_tuned(num_experts, inter, device_name) if device_name else None
     if table:
         cfg = table[nearest_tuned_key(table, num_tokens)]
@@ -334,12 +324,12 @@ def fit_to_dtype(cfg: MoEConfig, gated: bool, elem_bytes: int, smem_limit: int) 
     ``smem_limit`` when operands take ``elem_bytes`` bytes: fp32 doubles every tile, and the
     H200's prefill tiles then asked for 384-459 KB of its 227 KB (out of resources at launch).
     The output tile is counted too: in fp32 a 128 x 256 one is 128 KB, and the LoRA tiles
-    take what the budget's margin leaves (checked by compiling: ``benchmarks/smem_check.py``).
+    take what the budget's margin leaves (checked by compiling: ``tools/smem_check.py``).
     2-byte dtypes get ``cfg`` as it is."""
     if elem_bytes <= 2:
         return cfg
-    g1 = _fit_stages(cfg.block_m, cfg.gemm1, 2 if gated else 1, smem_limit, elem_bytes, True)
-    g2 = _fit_stages(cfg.block_m, cfg.gemm2, 1, smem_limit, elem_bytes, True)
+    g1 = fit_stages(cfg.block_m, cfg.gemm1, 2 if gated else 1, smem_limit, elem_bytes, True)
+    g2 = fit_stages(cfg.block_m, cfg.gemm2, 1, smem_limit, elem_bytes, True)
     return replace(cfg, gemm1=g1, gemm2=g2)
 
 

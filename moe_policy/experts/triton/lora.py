@@ -12,8 +12,9 @@ uses "slot-expanded" columns: column ``c`` of a ``[BLOCK_M, L*R]`` tile stands f
 ``c // R``, rank ``c % R``), so one dot serves every adapter of a block and each row keeps its
 own slot's columns; it reuses the MoE alignment (blocks of one expert) and grid axis 1 splits
 ``L*R`` into chunks of at most 64 columns (one chunk for 4 adapters of rank 16). The expand, in
-the GEMM epilogue, is one small dot per slot present in the block (measured faster on the H200
-than a slot-expanded dot, whose wide operands spill or stall the pipeline, 2026-11-29). A and B rows of slots absent from a block are not read.
+the GEMM epilogue, is one small dot per slot present in the block (faster than a slot-expanded
+dot, whose wide operands spill or stall the pipeline). A and B rows of slots absent from a block
+are not read.
 Rows without an adapter are never written in ``u`` and never read: their delta is exactly zero.
 
 Limits: ``S`` in {1, 2}; rank ``R`` <= 128 (padded to a power of two >= 16 in registers);
@@ -241,7 +242,7 @@ def shrink_tiles(
 
 
 @triton.jit(do_not_specialize=["numel", "rank", "num_slots"])
-def _lora_shrink_kernel(
+def lora_shrink_kernel(
     # pointers
     a_ptr,  # activations: x [T, K] (w13) or act [numel, K] (w2)
     la_ptr,  # A: [S, L, E, R, K]
@@ -400,7 +401,7 @@ def lora_shrink(
     u = (alloc or fresh(a.device))((parts, s, numel, rank), torch.float32)
     if numel == 0 or slots == 0:
         return u
-    _lora_shrink_kernel[(num_blocks, chunks, parts)](
+    lora_shrink_kernel[(num_blocks, chunks, parts)](
         a, lora_a, u, topk_ids, sorted_ids, expert_ids, num_padded, block_rows,
         lora_map, lora_enabled,
         k_dim, numel, num_experts, rank, slots,
