@@ -18,6 +18,7 @@ from moe_policy.core import state
 from moe_policy.core.catalog import Catalog, load_catalog
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Decision
+from moe_policy.core.engines import MOE_POLICY, EngineProfile, resolve_engine
 from moe_policy.core.facts import build_context
 from moe_policy.core.keys import coerce_value
 from moe_policy.core.model import ModelFacts, load_model, model_facts_from_mapping
@@ -107,6 +108,27 @@ class Explanation:
         return f"run {d.backend} (same as warn mode)"
 
 
+ENGINE_VARIABLE = "MOE_POLICY_ENGINE"
+
+
+def _engine_profile(
+    engine: str | EngineProfile | None,
+    origin: Origin | None,
+    environ: Mapping[str, str] | None,
+) -> tuple[EngineProfile, Origin | str]:
+    """The engine asked for: explicitly, else by ``MOE_POLICY_ENGINE``, else this package."""
+    if isinstance(engine, EngineProfile):
+        return engine, origin or Origin.api("engine")
+    if engine is not None:
+        where = origin or Origin.api("engine")
+        return resolve_engine(engine, where), where
+    env = os.environ if environ is None else environ
+    if env.get(ENGINE_VARIABLE, "").strip():
+        where = Origin.env(ENGINE_VARIABLE)
+        return resolve_engine(env[ENGINE_VARIABLE], where), where
+    return MOE_POLICY, "default"
+
+
 class Selector:
     """Decides backends for the MoE layers of one model in one deployment.
 
@@ -132,19 +154,23 @@ class Selector:
         files_origin: Origin | None = None,
         pipeline: Sequence[Pass] = DEFAULT_PIPELINE,
         overrides: Mapping[str, Any] | None = None,
+        engine: str | EngineProfile | None = None,
+        engine_origin: Origin | None = None,
         **arguments: Any,
     ) -> None:
         if isinstance(platform, str):  # the platform name keyword (a dry run), not pinned facts
             arguments["platform"], platform = platform, None
         if arguments or overrides:
             explicit = (*explicit, *explicit_entries(arguments, overrides, Origin.api()))
-        self.catalog = catalog or load_catalog()
+        self.engine, chosen_by = _engine_profile(engine, engine_origin, environ)
+        self.catalog = catalog or load_catalog(self.engine)
         self.settings = resolve_settings(
             self.catalog,
             policy_files=policy_files,
             environ=environ,
             explicit=explicit,
             files_origin=files_origin,
+            engine=self.engine,
         )
         self.model = _load_model_like(model)
         self.context = build_context(
@@ -154,6 +180,8 @@ class Selector:
             mode=self.settings.mode,
             request=self.settings.request,
             platform=platform,
+            engine=self.engine,
+            engine_origin=chosen_by,
         )
         self.resolver = Resolver(self.catalog, self.settings.policy(), extra_checks, pipeline)
         self.reporter = reporter or REPORTER
@@ -235,10 +263,12 @@ def selector_for(
         with STATE.selectors_lock:
             selector = STATE.selectors.get(key)
             if selector is None:
+                engine = arguments.pop("engine", None)
                 selector = Selector(
                     model,
                     policy_files=policy_files,
                     explicit=explicit_entries(arguments, overrides, Origin.api()),
+                    engine=engine,
                 )
                 STATE.selectors[key] = selector
     return selector

@@ -14,8 +14,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_policy.core import paths
 from moe_policy.core.canonical import sha256_hex
+from moe_policy.core.decision import ReasonCode
+from moe_policy.core.engines import MOE_POLICY, EngineProfile
 from moe_policy.core.keys import ACTIVATIONS, ALL2ALL_KINDS, DTYPES, PLATFORMS, QUANTIZATIONS
 from moe_policy.core.problems import ProblemSink
 from moe_policy.core.rules import Condition, parse_conditions
@@ -43,7 +44,47 @@ BACKEND_KEYS = (
     "bias",
     "packages",
     "delegated",
+    "requires",
+    "classes",
+    "engine_name",
 )
+REQUIREMENT_KEYS = ("if", "need", "reason_code", "detail")
+CLASS_KEYS = ("name", "requires")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A fact a backend (or one of its experts classes) needs: where ``when`` holds (always,
+    when empty), every ``need`` condition must hold, else it is eliminated with ``reason``."""
+
+    when: tuple[Condition, ...]
+    need: tuple[Condition, ...]
+    reason: ReasonCode
+    detail: str
+
+    def failure(self, values: Mapping[str, Any]) -> str | None:
+        """The detail when this requirement fails for ``values``, else None."""
+        if not all(c.test(values.get(c.key)) for c in self.when):
+            return None
+        failing = [c for c in self.need if not c.test(values.get(c.key))]
+        if not failing:
+            return None
+        shown = "; ".join(
+            f"{c.key} {c.op} {_shown(c.operand)} (is {values.get(c.key)})" for c in failing
+        )
+        return f"{self.detail}: {shown}"
+
+
+def _shown(operand: Any) -> Any:
+    return list(operand) if isinstance(operand, tuple) else operand
+
+
+@dataclass(frozen=True)
+class ExpertsClassSpec:
+    """One experts class of a backend; an engine tries its classes in order."""
+
+    name: str
+    requires: tuple[Requirement, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +118,11 @@ class BackendSpec:
     packages: tuple[str, ...]
     delegated: bool
     origin: str
+    requires: tuple[Requirement, ...] = ()
+    #: Experts classes tried in order (the first whose requirements hold is built).
+    classes: tuple[ExpertsClassSpec, ...] = ()
+    #: The engine's own name for the backend (e.g. vLLM's ``UnquantizedMoeBackend`` member).
+    engine_name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +154,8 @@ class BackendSpec:
             "lora_rank_multiple": self.lora_rank_multiple,
             "packages": list(self.packages),
             "delegated": self.delegated,
+            "classes": [c.name for c in self.classes],
+            "engine_name": self.engine_name,
         }
 
 
@@ -238,9 +286,77 @@ def parse_catalog(loaded: LoadedYaml) -> Catalog:
             packages=_strs(raw.get("packages"), where, "packages"),
             delegated=bool(raw.get("delegated", False)),
             origin=where,
+            requires=_requirements(loaded, raw.get("requires"), (*path, "requires")),
+            classes=_classes(loaded, raw.get("classes"), (*path, "classes")),
+            engine_name=raw.get("engine_name"),
         )
     implementations = {s.name: s.implementation for s in specs.values() if s.implementation}
     return Catalog(specs, implementations, sha256_hex(loaded.text))
+
+
+def _requirements(loaded: LoadedYaml, raw: Any, path: tuple[Any, ...]) -> tuple[Requirement, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise PolicyError("requires: expected a list of requirements", loaded.origin(path))
+    found = []
+    for i, item in enumerate(raw):
+        where = loaded.origin((*path, i))
+        if not isinstance(item, Mapping) or "need" not in item:
+            raise PolicyError("a requirement is a mapping with `need:` conditions", where)
+        for key in item:
+            if key not in REQUIREMENT_KEYS:
+                raise PolicyError(
+                    f"requirement: unknown key {key!r}{did_you_mean(str(key), REQUIREMENT_KEYS)}",
+                    loaded.origin((*path, i, key), at_key=True),
+                )
+        code = str(item.get("reason_code", "implementation_unsupported"))
+        try:
+            reason = ReasonCode(code)
+        except ValueError:
+            codes = [c.value for c in ReasonCode]
+            raise PolicyError(
+                f"unknown reason code {code!r}{did_you_mean(code, codes)}",
+                loaded.origin((*path, i, "reason_code")),
+            ) from None
+        sink = ProblemSink(strict=True)
+        found.append(
+            Requirement(
+                when=parse_conditions(item.get("if"), loaded.origin, (*path, i, "if"), sink),
+                need=parse_conditions(item["need"], loaded.origin, (*path, i, "need"), sink),
+                reason=reason,
+                detail=str(item.get("detail", "requirement not met")),
+            )
+        )
+    return tuple(found)
+
+
+def _classes(loaded: LoadedYaml, raw: Any, path: tuple[Any, ...]) -> tuple[ExpertsClassSpec, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise PolicyError("classes: expected a list of experts classes", loaded.origin(path))
+    found = []
+    for i, item in enumerate(raw):
+        if isinstance(item, str):
+            found.append(ExpertsClassSpec(item))
+            continue
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            raise PolicyError(
+                "an experts class is a name or {name, requires}", loaded.origin((*path, i))
+            )
+        for key in item:
+            if key not in CLASS_KEYS:
+                raise PolicyError(
+                    f"experts class: unknown key {key!r}{did_you_mean(str(key), CLASS_KEYS)}",
+                    loaded.origin((*path, i, key), at_key=True),
+                )
+        found.append(
+            ExpertsClassSpec(
+                item["name"], _requirements(loaded, item.get("requires"), (*path, i, "requires"))
+            )
+        )
+    return tuple(found)
 
 
 def check_registry(catalog: Catalog) -> list[str]:
@@ -269,24 +385,26 @@ def check_registry(catalog: Catalog) -> list[str]:
     return problems
 
 
-def load_catalog() -> Catalog:
-    """The built-in catalog (parsed once per process); registry drift is an error that names
-    what is missing."""
-    if STATE.catalog is None:
-        STATE.catalog = parse_builtin_catalog()
-    return STATE.catalog
+def load_catalog(engine: EngineProfile | None = None) -> Catalog:
+    """The catalog of ``engine`` (this package's by default), parsed once per process;
+    registry drift is an error that names what is missing."""
+    profile = engine or MOE_POLICY
+    catalog = STATE.catalogs.get(profile.label)
+    if catalog is None:
+        catalog = STATE.catalogs[profile.label] = parse_builtin_catalog(profile)
+    return catalog
 
 
-def parse_builtin_catalog() -> Catalog:
-    """Read and check ``configs/backends.yaml``."""
+def parse_builtin_catalog(engine: EngineProfile | None = None) -> Catalog:
+    """Read and check an engine's catalog (``configs/backends.yaml`` for this package)."""
+    profile = engine or MOE_POLICY
     loaded = load_yaml_file(
-        paths.BACKENDS_CATALOG, display_path=paths.BACKENDS_CATALOG_NAME, use_omegaconf=False
+        profile.catalog_path, display_path=profile.catalog_name, use_omegaconf=False
     )
     catalog = parse_catalog(loaded)
     problems = check_registry(catalog)
     if problems:
         raise PolicyError(
-            "catalog and experts registry disagree: " + "; ".join(problems),
-            paths.BACKENDS_CATALOG_NAME,
+            "catalog and experts registry disagree: " + "; ".join(problems), profile.catalog_name
         )
     return catalog

@@ -74,6 +74,8 @@ class Candidate:
     rule: str | None = None
     listed: bool = True
     requested: bool = False
+    #: For backends with several experts classes: the one the engine would build here.
+    experts_class: str | None = None
 
     def __post_init__(self) -> None:
         if self.status is Status.ELIMINATED:
@@ -110,6 +112,7 @@ class Candidate:
             "rule": self.rule,
             "listed": self.listed,
             "requested": self.requested,
+            "experts_class": self.experts_class,
         }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from moe_policy.core.catalog import Catalog
 from moe_policy.core.context import SelectionContext
+from moe_policy.core.engines import MOE_POLICY, EngineProfile
 from moe_policy.core.keys import BATCHED_ALL2ALL, CONTEXT_KEYS, coerce_value
 from moe_policy.core.model import ModelFacts
 from moe_policy.core.origin import Origin
@@ -25,7 +26,9 @@ DEFAULTS: Mapping[str, Any] = {
     "parallel.ep": False,
     "parallel.all2all": "none",
     "parallel.eplb": False,
+    "parallel.sp": False,
     "lora.enabled": False,
+    "lora.fully_sharded": False,
     "lora.max_rank": None,
     "lora.max_loras": None,
     "layer.kind": "moe",
@@ -34,6 +37,8 @@ DEFAULTS: Mapping[str, Any] = {
     "rocm.aiter": False,
     "device.capability": None,
     "device.name": None,
+    "cpu.arch": None,
+    "cpu.amx": False,
 }
 DRY_RUN_KEYS = ("platform", "device.capability", "device.name")
 
@@ -46,6 +51,8 @@ def build_context(
     mode: str,
     request: Any,
     platform: PlatformFacts | None = None,
+    engine: EngineProfile = MOE_POLICY,
+    engine_origin: Origin | str = "default",
 ) -> SelectionContext:
     """Every fact with its origin; ``settings_context`` maps key -> Resolved (env, API, CLI)."""
     values: dict[str, Any] = dict(DEFAULTS)
@@ -54,6 +61,9 @@ def build_context(
     def put(key: str, value: Any, origin: Origin | str) -> None:
         values[key] = value
         origins[key] = str(origin)
+
+    put("engine", engine.name, engine_origin)
+    put("engine.version", engine.version, engine_origin)
 
     dry_run = any(key in settings_context for key in DRY_RUN_KEYS)
     if platform is not None:
@@ -68,8 +78,31 @@ def build_context(
         put(key, coerce_value(key, value, origin), origin)
     for key, resolved in settings_context.items():
         put(key, resolved.value, resolved.origin)
-    _derive(values, origins)
+    _derive(values, origins, engine, request)
     return SelectionContext(values, origins, request, mode)
+
+
+def _own_layout(values: Mapping[str, Any]) -> tuple[int, int, str, str]:
+    """This package's layer: EP over tp x dp ranks, the all2all kind as given."""
+    tp, dp, ep = values["parallel.tp"], values["parallel.dp"], values["parallel.ep"]
+    return (tp * dp if ep else 1), (1 if ep else tp), values["parallel.all2all"], "parallel.all2all"
+
+
+#: vLLM rewrites the removed all2all kinds to allgather_reducescatter, also its default.
+VLLM_ALL2ALL_ALIASES = {"none": "allgather_reducescatter", "naive": "allgather_reducescatter",
+                        "pplx": "allgather_reducescatter"}  # fmt: skip
+
+
+def _vllm_layout(values: Mapping[str, Any]) -> tuple[int, int, str, str]:
+    """vLLM's FusedMoEParallelConfig: tp is flattened over dp; EP only when that is > 1; the
+    all2all kernels run only under EP with dp > 1 or sequence parallelism."""
+    tp, dp, ep = values["parallel.tp"], values["parallel.dp"], values["parallel.ep"]
+    flat = tp * dp
+    use_ep = bool(ep) and flat > 1
+    all2all = VLLM_ALL2ALL_ALIASES.get(values["parallel.all2all"], values["parallel.all2all"])
+    kernels = use_ep and (dp > 1 or bool(values.get("parallel.sp")))
+    why = "parallel.all2all when expert parallelism runs all2all kernels (dp > 1 or sequence parallel)"
+    return (flat if use_ep else 1), (1 if use_ep else flat), (all2all if kernels else "none"), why
 
 
 def _put_platform(put: Any, facts: PlatformFacts) -> None:
@@ -81,36 +114,49 @@ def _put_platform(put: Any, facts: PlatformFacts) -> None:
         put("packages", tuple(sorted(facts.packages)), origin)
 
 
-def _derive(values: dict[str, Any], origins: dict[str, str]) -> None:
+def _derive(
+    values: dict[str, Any], origins: dict[str, str], engine: EngineProfile, request: Any
+) -> None:
     for key in ("parallel.tp", "parallel.dp", "lora.max_rank", "lora.max_loras"):
         value = values.get(key)
         if value is not None and value < 1:
             raise PolicyError(f"{key} must be at least 1, got {value}", origins[key], key=key)
-    tp, dp, ep = values["parallel.tp"], values["parallel.dp"], values["parallel.ep"]
-    ep_size = tp * dp if ep else 1
+    layout = _vllm_layout(values) if engine.vllm_layout else _own_layout(values)
+    ep_size, tp_shards, active, why = layout
     values["parallel.ep_size"] = ep_size
     origins["parallel.ep_size"] = str(Origin.derived("parallel.ep, parallel.tp, parallel.dp"))
     experts = values["model.num_experts"]
     values["model.local_experts"] = -(-experts // ep_size)
     origins["model.local_experts"] = str(Origin.derived("model.num_experts / parallel.ep_size"))
     inter = values["model.intermediate_size"]
-    if ep:
-        per_partition = inter
-    else:
-        if inter % tp:
-            raise PolicyError(
-                f"model.intermediate_size {inter} is not divisible by parallel.tp={tp}",
-                origins["parallel.tp"],
-                key="parallel.tp",
-            )
-        per_partition = inter // tp
-    values["model.intermediate_size_per_partition"] = per_partition
+    if inter % tp_shards:
+        raise PolicyError(
+            f"model.intermediate_size {inter} is not divisible by the {tp_shards} tensor-parallel "
+            f"shards of the experts",
+            origins["parallel.tp"],
+            key="parallel.tp",
+        )
+    values["model.intermediate_size_per_partition"] = inter // tp_shards
     origins["model.intermediate_size_per_partition"] = str(
-        Origin.derived("model.intermediate_size / parallel.tp (1 under expert parallelism)")
+        Origin.derived(
+            "model.intermediate_size / (parallel.tp x parallel.dp) without expert parallelism"
+            if engine.vllm_layout
+            else "model.intermediate_size / parallel.tp (1 under expert parallelism)"
+        )
     )
-    fmt = "batched" if values["parallel.all2all"] in BATCHED_ALL2ALL else "standard"
-    values["parallel.activation_format"] = fmt
-    origins["parallel.activation_format"] = str(Origin.derived("parallel.all2all"))
+    values["parallel.all2all_active"] = active
+    origins["parallel.all2all_active"] = str(Origin.derived(why))
+    batched = active in BATCHED_ALL2ALL or (
+        engine.vllm_layout and request is not None and request.backend == "batched_triton"
+    )
+    values["parallel.activation_format"] = "batched" if batched else "standard"
+    origins["parallel.activation_format"] = str(
+        Origin.derived(
+            "parallel.all2all_active, or a batched_triton request"
+            if engine.vllm_layout
+            else "parallel.all2all"
+        )
+    )
     if values.get("lora.enabled") and values.get("lora.max_rank") is None:
         values["lora.max_rank"] = 16
         origins["lora.max_rank"] = "default"

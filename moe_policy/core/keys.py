@@ -25,14 +25,27 @@ QUANTIZATIONS = (
     "compressed_tensors",
     "other",
 )
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swigluoai", "swiglustep", "relu2")
+ACTIVATIONS = (
+    "silu",
+    "gelu",
+    "gelu_tanh",
+    "swigluoai",
+    "swigluoai_uninterleave",
+    "swiglustep",
+    "situ",
+    "relu2",
+)
 ROUTINGS = (
     "renormalize",
     "renormalize_naive",
     "softmax",
+    "topk",
     "sigmoid",
+    "sigmoid_renorm",
     "deepseek_v3",
+    "deepseek_v4",
     "llama4",
+    "minimax2",
     "custom",
 )
 ALL2ALL_KINDS = (
@@ -48,11 +61,16 @@ ALL2ALL_KINDS = (
     "mori_high_throughput",
     "mori_low_latency",
     "nixl_ep",
+    "moonep",
+    "passthrough",
     "pplx",
 )
 #: All2all kinds whose prepare/finalize delivers the batched [E, max_tokens, H] format.
 BATCHED_ALL2ALL = frozenset({"deepep_low_latency", "nixl_ep"})
 FORMATS = ("standard", "batched")
+#: Engines a decision can target; each has a profile (catalog, built-in policy, derivations).
+ENGINES = ("moe_policy", "vllm")
+CPU_ARCHS = ("x86", "arm", "power", "other")
 LAYER_KINDS = ("moe", "draft", "mtp", "shared")
 
 
@@ -71,6 +89,8 @@ class KeySpec:
 
 CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
     {
+        "engine": KeySpec("str", "engine the decision is for (its backends and rules)", ENGINES),
+        "engine.version": KeySpec("str", "engine release the profile describes (e.g. 0.33)"),
         "platform": KeySpec("str", "accelerator platform", PLATFORMS),
         "device.capability": KeySpec(
             "capability", "CUDA compute capability, e.g. 9.0 (None off CUDA)"
@@ -106,16 +126,26 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "parallel.activation_format": KeySpec(
             "str", "format the experts receive (from parallel.all2all)", FORMATS, derived=True
         ),
+        "parallel.all2all_active": KeySpec(
+            "str",
+            "all2all kind whose kernels actually run (none when the engine skips them)",
+            ALL2ALL_KINDS,
+            derived=True,
+        ),
+        "parallel.sp": KeySpec("bool", "sequence parallelism in the MoE layers"),
         "parallel.eplb": KeySpec("bool", "expert-parallel load balancing"),
         "lora.enabled": KeySpec("bool", "LoRA adapters are served"),
         "lora.max_rank": KeySpec("int", "largest adapter rank"),
         "lora.max_loras": KeySpec("int", "adapter slots resident per batch"),
+        "lora.fully_sharded": KeySpec("bool", "LoRA weights sharded across tensor-parallel ranks"),
         "layer.kind": KeySpec("str", "layer kind (draft/mtp for speculative layers)", LAYER_KINDS),
         "layer.index": KeySpec("int", "layer index in the model", rank_local=True),
         "batch_invariant": KeySpec(
             "bool", "batch-invariant kernels required (VLLM_BATCH_INVARIANT)"
         ),
         "rocm.aiter": KeySpec("bool", "AITER MoE switched on (VLLM_ROCM_USE_AITER semantics)"),
+        "cpu.arch": KeySpec("str", "CPU architecture of a CPU target", CPU_ARCHS),
+        "cpu.amx": KeySpec("bool", "the CPU has AMX tiles (x86 bf16 experts)"),
     }
 )
 

@@ -12,3 +12,8 @@ BACKENDS_CATALOG = CONFIG_DIR / "backends.yaml"
 #: How built-in files are named in origins and records (stable across installs).
 DEFAULT_POLICY_NAME = "configs/default.yaml"
 BACKENDS_CATALOG_NAME = "configs/backends.yaml"
+
+
+def display_name(path: Path) -> str:
+    """``configs/...`` for a built-in file, whatever the install location."""
+    return "configs/" + path.relative_to(CONFIG_DIR).as_posix()

@@ -46,8 +46,8 @@ class ProcessState:
     #: The probed platform (probed once) and a pinned one (``override_platform``).
     probed_platform: PlatformFacts | None = None
     pinned_platform: PlatformFacts | None = None
-    #: The built-in catalog, parsed once.
-    catalog: Catalog | None = None
+    #: The built-in catalogs, parsed once, by engine profile.
+    catalogs: dict[str, Catalog] = field(default_factory=dict)
     reporting: ReportingState = field(default_factory=ReportingState)
     id_prefix: str = field(default_factory=lambda: os.urandom(4).hex())
     id_counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -69,5 +69,5 @@ def reset() -> None:
     with STATE.selectors_lock:
         STATE.selectors.clear()
     STATE.probed_platform = None
-    STATE.catalog = None
+    STATE.catalogs.clear()
     STATE.reporting.clear()

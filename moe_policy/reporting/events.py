@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
+from collections.abc import MutableMapping
 from typing import Any
 
 from moe_policy.core.decision import Decision, Outcome
@@ -47,7 +48,7 @@ def get_logger() -> Any:
     )
 
 
-def _to_stdlib_record(_logger: Any, _method: str, event_dict: dict[str, Any]) -> Any:
+def _to_stdlib_record(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
     """``moe_policy.decision backend=triton ...`` as the message, the fields as ``extra``."""
     fields = dict(event_dict)
     event = fields.pop("event", "")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from moe_policy.core.canonical import canonical_json, sha256_hex
 from moe_policy.core.decision import Notice, Request
+from moe_policy.core.engines import MOE_POLICY, EngineProfile
 from moe_policy.core.origin import Origin
 from moe_policy.core.policy import Policy
 from moe_policy.core.rules import Rule
@@ -143,6 +144,7 @@ def resolve_settings(
     environ: Mapping[str, str] | None = None,
     explicit: Sequence[Entry] = (),
     files_origin: Origin | None = None,
+    engine: EngineProfile = MOE_POLICY,
 ) -> Settings:
     """Read every layer in ``SOURCES`` order and merge them with provenance.
 
@@ -165,7 +167,7 @@ def resolve_settings(
     else:
         files = env.policy_files()
     sources: dict[type[Source], Source] = {
-        BuiltinSource: BuiltinSource(),
+        BuiltinSource: BuiltinSource(engine),
         PolicyFilesSource: PolicyFilesSource(files),
         EnvSource: env,
         ExplicitSource: ExplicitSource(explicit),

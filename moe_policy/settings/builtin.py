@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moe_policy.core import paths
 from moe_policy.core.canonical import sha256_hex
+from moe_policy.core.engines import MOE_POLICY, EngineProfile
 from moe_policy.core.problems import ProblemSink
 from moe_policy.core.yamlio import load_yaml_file
 from moe_policy.settings.base import FileInfo, Source, SourceOutput
@@ -16,19 +16,22 @@ if TYPE_CHECKING:
 
 
 class BuiltinSource(Source):
-    """Reads the packaged default policy."""
+    """Reads the packaged default policy of an engine (``configs/default.yaml`` for this
+    package's own layer)."""
 
     layer = "built-in"
 
+    def __init__(self, engine: EngineProfile = MOE_POLICY) -> None:
+        self.engine = engine
+
     def __repr__(self) -> str:
-        return f"BuiltinSource({paths.DEFAULT_POLICY_NAME!r})"
+        return f"BuiltinSource({self.engine.policy_name!r})"
 
     def load(self, catalog: Catalog) -> SourceOutput:
         # Package data without interpolations: the safe loader is 10x faster than OmegaConf
         # here, and a test pins that both loaders read this file identically.
-        loaded = load_yaml_file(
-            paths.DEFAULT_POLICY, display_path=paths.DEFAULT_POLICY_NAME, use_omegaconf=False
-        )
+        name = self.engine.policy_name
+        loaded = load_yaml_file(self.engine.policy_path, display_path=name, use_omegaconf=False)
         settings, rules = parse_policy_document(loaded, catalog, ProblemSink(strict=True))
-        info = FileInfo(paths.DEFAULT_POLICY_NAME, self.layer, True, sha256_hex(loaded.text))
+        info = FileInfo(name, self.layer, True, sha256_hex(loaded.text))
         return SourceOutput(self.layer, settings=settings, rules=rules, files=[info])

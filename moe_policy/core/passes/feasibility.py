@@ -5,7 +5,10 @@ The first failing check names the reason. Version-added: 0.1.0.
 
 from __future__ import annotations
 
-from moe_policy.core.catalog import BackendSpec, Catalog
+from collections.abc import Mapping
+from dataclasses import replace
+
+from moe_policy.core.catalog import BackendSpec, Catalog, Requirement
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Candidate, Status
 from moe_policy.core.decision import ReasonCode as R
@@ -32,6 +35,33 @@ def capability_ok(spec: BackendSpec, capability: str | None) -> tuple[bool, str]
                 return True, ""
         return False, f"compute capability {capability} not in {', '.join(spec.capability_any_of)}"
     return True, ""
+
+
+def first_failure(
+    requirements: tuple[Requirement, ...], values: Mapping[str, object]
+) -> tuple[R, str] | None:
+    """The first requirement that fails for ``values``, as (reason code, detail)."""
+    for requirement in requirements:
+        detail = requirement.failure(values)
+        if detail is not None:
+            return requirement.reason, detail
+    return None
+
+
+def pick_class(
+    spec: BackendSpec, values: Mapping[str, object]
+) -> tuple[str | None, tuple[R, str] | None]:
+    """The first of ``spec``'s experts classes whose requirements hold (an engine tries them
+    in order), or the last one's failure; a backend without classes has its one class."""
+    if not spec.classes:
+        return spec.experts_class, None
+    failure: tuple[R, str] | None = None
+    for cls in spec.classes:
+        failure = first_failure(cls.requires, values)
+        if failure is None:
+            return cls.name, None
+        failure = (failure[0], f"{cls.name}: {failure[1]}")
+    return None, failure
 
 
 def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | None:
@@ -82,7 +112,7 @@ def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | N
             f"deployment delivers the {fmt} format (parallel.all2all={v.get('parallel.all2all')}); "
             f"backend takes {spec.activation_format}",
         )
-    all2all = v.get("parallel.all2all")
+    all2all = v.get("parallel.all2all_active", v.get("parallel.all2all"))
     if all2all in spec.all2all_exclude:
         return R.PARALLEL_CONFIG_UNSUPPORTED, f"all2all {all2all} is not supported"
     if v.get("parallel.eplb") and not spec.eplb:
@@ -109,7 +139,7 @@ def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | N
             R.BATCH_INVARIANCE_UNSUPPORTED,
             "batch-invariant kernels required; this backend is not",
         )
-    return None
+    return first_failure(spec.requires, v)
 
 
 class FeasibilityPass:
@@ -123,7 +153,12 @@ class FeasibilityPass:
         out = []
         for cand in candidates:
             if cand.alive:
-                verdict = check_backend(inputs.catalog.spec(cand.backend), ctx)
+                spec = inputs.catalog.spec(cand.backend)
+                verdict = check_backend(spec, ctx)
+                if verdict is None:
+                    experts_class, verdict = pick_class(spec, ctx.values)
+                    if verdict is None and experts_class != spec.experts_class:
+                        cand = replace(cand, experts_class=experts_class)
                 if verdict is None and cand.backend in inputs.extra_checks:
                     ok, why = inputs.extra_checks[cand.backend](ctx.values)
                     if not ok:

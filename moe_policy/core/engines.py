@@ -1,0 +1,118 @@
+"""Engine profiles: which backends, built-in policy and deployment rules a decision targets.
+
+A decision is for an engine: this package's own ``MoELayer`` (``moe_policy``) or a
+serving engine such as vLLM, whose release decides which backends exist, which
+experts classes it builds and how it derives the activation format from the parallel
+layout. Each profile names its catalog and its built-in policy (YAML under
+``configs/``) and the derivation rules of its release. A profile is chosen by name and,
+for a serving engine, version (``vllm==0.33.0`` picks the ``0.33`` profile); a version no
+profile describes is an error that lists the ones that exist, never a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from moe_policy.core import paths
+from moe_policy.core.keys import ENGINES
+from moe_policy.core.origin import Origin
+from moe_policy.errors import PolicyError, did_you_mean
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One engine release as the policy sees it."""
+
+    name: str
+    #: ``major.minor`` of the release this profile describes (None: this package).
+    version: str | None
+    catalog_path: Path
+    policy_path: Path
+    #: vLLM's layout rules: expert parallelism only when tp x dp > 1 (tp flattened over dp),
+    #: all2all kernels only under EP with dp > 1 or sequence parallelism, the batched format
+    #: also for an explicit ``batched_triton`` request.
+    vllm_layout: bool = False
+    description: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name if self.version is None else f"{self.name}=={self.version}"
+
+    @property
+    def catalog_name(self) -> str:
+        """How the catalog is named in records (stable across installs)."""
+        return paths.display_name(self.catalog_path)
+
+    @property
+    def policy_name(self) -> str:
+        return paths.display_name(self.policy_path)
+
+
+MOE_POLICY = EngineProfile(
+    name="moe_policy",
+    version=None,
+    catalog_path=paths.BACKENDS_CATALOG,
+    policy_path=paths.DEFAULT_POLICY,
+    description="this package's MoELayer and kernels",
+)
+
+VLLM_0_33 = EngineProfile(
+    name="vllm",
+    version="0.33",
+    catalog_path=paths.CONFIG_DIR / "engines" / "vllm-0.33" / "backends.yaml",
+    policy_path=paths.CONFIG_DIR / "engines" / "vllm-0.33" / "default.yaml",
+    vllm_layout=True,
+    description="vLLM 0.33's unquantized fused-MoE oracle, its experts classes and its LoRA layer",
+)
+
+#: Every profile, by engine name, newest last.
+PROFILES: dict[str, tuple[EngineProfile, ...]] = {
+    "moe_policy": (MOE_POLICY,),
+    "vllm": (VLLM_0_33,),
+}
+assert set(PROFILES) == set(ENGINES)
+
+
+def _major_minor(version: str) -> str | None:
+    parts = version.strip().lstrip("v").split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        return None
+    return f"{int(parts[0])}.{int(parts[1])}"
+
+
+def resolve_engine(spec: str | None, origin: Origin | str = "default") -> EngineProfile:
+    """The profile for ``moe_policy``, ``vllm`` (its newest profile) or ``vllm==0.33[.x]``."""
+    if spec is None or not str(spec).strip():
+        return MOE_POLICY
+    text = str(spec).strip()
+    name, _, version = text.partition("==")
+    name = name.strip().lower()
+    if name not in PROFILES:
+        raise PolicyError(
+            f"unknown engine {name!r}{did_you_mean(name, PROFILES)}; known: {', '.join(PROFILES)}",
+            origin,
+            key="engine",
+        )
+    profiles = PROFILES[name]
+    if not version.strip():
+        return profiles[-1]
+    if profiles[0].version is None:
+        raise PolicyError(f"engine {name!r} takes no version, got {text!r}", origin, key="engine")
+    wanted = _major_minor(version)
+    known = ", ".join(f"{name}=={p.version}" for p in profiles)
+    if wanted is None:
+        raise PolicyError(
+            f"engine version {version.strip()!r} is not MAJOR.MINOR[.PATCH] (known: {known})",
+            origin,
+            key="engine",
+        )
+    for profile in profiles:
+        if profile.version == wanted:
+            return profile
+    raise PolicyError(
+        f"no profile describes {name} {version.strip()} (its backends and rules may differ); "
+        f"known: {known}",
+        origin,
+        key="engine",
+    )
