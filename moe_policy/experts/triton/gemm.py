@@ -18,7 +18,9 @@ A tile's runtime arguments travel as three tuples, unpacked where they are used:
   stride_lbr)``;
 
 and the alignment's as ``al``: ``(sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-block_rows_ptr, topk_ids_ptr, numel, num_experts)``.
+block_rows_ptr, topk_ids_ptr, numel, num_experts)``. The constexprs that every tile of a launch
+shares travel as one constexpr tuple ``TILE`` (``moe_gemm_kernel`` documents its order); a tile's
+own (``A_TMA``, ``B_TMA``, its rows and columns) are passed beside it.
 """
 
 from __future__ import annotations
@@ -44,19 +46,20 @@ def _tile_mainloop(
     numel,
     kk_lo,  # first and end BLOCK_K step of the K range (stream-K parts take a share)
     kk_hi,
-    A_ROW_DIV: tl.constexpr,
-    A_SORTED: tl.constexpr,
+    TILE: tl.constexpr,
     A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
-    GATED: tl.constexpr,
-    ONE_DOT: tl.constexpr,
-    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
 ):
     """fp32 accumulators of one tile over K steps ``[kk_lo, kk_hi)``: ``[BLOCK_M, B_COLS]`` and,
     in the two-dot gated form, the up rows' ``[BLOCK_M, BLOCK_N]`` (zeros otherwise)."""
+    A_ROW_DIV: tl.constexpr = TILE[0]
+    A_SORTED: tl.constexpr = TILE[1]
+    GATED: tl.constexpr = TILE[5]
+    ONE_DOT: tl.constexpr = TILE[12]
+    EVEN_K: tl.constexpr = TILE[13]
+    BLOCK_K: tl.constexpr = TILE[14]
     a_ptr, b_ptr, a_desc, b_desc, stride_am, stride_ak, stride_be, stride_bn, stride_bk = mm
     pair_mask = pairs < numel
     # operands: A rows of this block (tokens of x, or GEMM 1's expert-sorted output), B tile of
@@ -124,19 +127,20 @@ def _tile_epilogue(
     ep,
     N,
     numel,
-    C_SORTED: tl.constexpr,
-    C_ROW_DIV: tl.constexpr,
-    GATED: tl.constexpr,
-    ACT: tl.constexpr,
-    ALPHA: tl.constexpr,
-    LIMIT: tl.constexpr,
-    WEIGHT_POS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    ONE_DOT: tl.constexpr,
+    TILE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Gate/up split, router weight, bias and activation on a tile's accumulators; store."""
+    C_SORTED: tl.constexpr = TILE[2]
+    C_ROW_DIV: tl.constexpr = TILE[3]
+    GATED: tl.constexpr = TILE[5]
+    ACT: tl.constexpr = TILE[6]
+    ALPHA: tl.constexpr = TILE[7]
+    LIMIT: tl.constexpr = TILE[8]
+    WEIGHT_POS: tl.constexpr = TILE[9]
+    HAS_BIAS: tl.constexpr = TILE[10]
+    ONE_DOT: tl.constexpr = TILE[12]
     c_ptr, bias_ptr, topk_w_ptr, stride_cm, stride_cn, stride_bias_e, stride_bias_n = ep
     pair_mask = pairs < numel
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -186,32 +190,23 @@ def _moe_tile(
     N,
     K,
     numel,
-    A_ROW_DIV: tl.constexpr,
-    A_SORTED: tl.constexpr,
-    C_SORTED: tl.constexpr,
-    C_ROW_DIV: tl.constexpr,
-    TOP_K: tl.constexpr,
-    GATED: tl.constexpr,
-    ACT: tl.constexpr,
-    ALPHA: tl.constexpr,
-    LIMIT: tl.constexpr,
-    WEIGHT_POS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_LORA: tl.constexpr,
-    ONE_DOT: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    U_SPLIT: tl.constexpr,
-    RANK_MASK: tl.constexpr,
-    WAIT_LORA: tl.constexpr,  # dependent launch: wait for the shrink output only here
-    LORA_B_AHEAD: tl.constexpr,  # LoRA B tiles of the block's lowest/highest slot before the loop
+    TILE: tl.constexpr,
     A_TMA: tl.constexpr,  # the tile's own: a short or narrow tile loads by pointers
     B_TMA: tl.constexpr,
     TILE_M: tl.constexpr,
     TILE_N: tl.constexpr,
 ):
     """One ``TILE_M x TILE_N`` tile of one expert's GEMM with the fused epilogue."""
+    TOP_K: tl.constexpr = TILE[4]
+    GATED: tl.constexpr = TILE[5]
+    HAS_LORA: tl.constexpr = TILE[11]
+    ONE_DOT: tl.constexpr = TILE[12]
+    BLOCK_K: tl.constexpr = TILE[14]
+    BLOCK_R: tl.constexpr = TILE[15]
+    U_SPLIT: tl.constexpr = TILE[16]
+    RANK_MASK: tl.constexpr = TILE[17]
+    WAIT_LORA: tl.constexpr = TILE[18]  # dependent launch: wait for the shrink output only here
+    LORA_B_AHEAD: tl.constexpr = TILE[19]  # LoRA B tiles of the lowest/highest slot, ahead
     pair_mask = pairs < numel
 
     # LoRA: slot of each row and, per accumulator column, its output column and slice (a
@@ -241,8 +236,8 @@ def _moe_tile(
             b_hi = 0.0
 
     acc_b, acc_u = _tile_mainloop(
-        pairs, expert, row0, n0, mm, N, K, numel, 0, tl.cdiv(K, BLOCK_K),
-        A_ROW_DIV, A_SORTED, A_TMA, B_TMA, GATED, ONE_DOT, EVEN_K, TILE_M, TILE_N, BLOCK_K,
+        pairs, expert, row0, n0, mm, N, K, numel, 0, tl.cdiv(K, BLOCK_K), TILE, A_TMA, B_TMA,
+        TILE_M, TILE_N,
     )  # fmt: skip
     # LoRA delta u @ B^T for rows with an adapter (exactly zero for the others), one small dot
     # per slot present, into the accumulators as the MMA left them (before a one-dot tile's
@@ -264,11 +259,7 @@ def _moe_tile(
                 stride_lbs, stride_lbl, stride_lbe, stride_lbn, stride_lbr, s_lo, s_hi, b_lo, b_hi,
                 BLOCK_R, 1, U_SPLIT, dt, RANK_MASK, False,
             )  # fmt: skip
-    _tile_epilogue(
-        acc_b, acc_u, pairs, expert, row0, n0, ep, N, numel,
-        C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, ONE_DOT,
-        TILE_M, TILE_N,
-    )  # fmt: skip
+    _tile_epilogue(acc_b, acc_u, pairs, expert, row0, n0, ep, N, numel, TILE, TILE_M, TILE_N)
 
 
 @triton.jit
@@ -389,6 +380,12 @@ def moe_gemm_kernel(
           num_experts)  # fmt: skip
     sums = (c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts, stride_cm, stride_cn,
             stride_st, stride_cnt_t, cnt_step)  # fmt: skip
+    # the constexprs every tile shares, in this order (the helpers take them by index)
+    TILE: tl.constexpr = (
+        A_ROW_DIV, A_SORTED, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA, LIMIT,  # 0-8
+        WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K, BLOCK_K, BLOCK_R, U_SPLIT,  # 9-16
+        RANK_MASK, PDL_LATE, LORA_B_AHEAD,  # 17-19
+    )  # fmt: skip
     if PDL and not PDL_LATE:
         gdc_wait()
     if TRIGGER:
@@ -413,18 +410,13 @@ def moe_gemm_kernel(
         for tile in tl.range(pid, n_round, num_p, flatten=True):
             tile_m, tile_n = _grouped_tile(tile, live_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
             pairs_p, expert_p, _, row0_p = _block(tile_m, al, BLOCK_M, False)
-            _moe_tile(
-                pairs_p, expert_p, row0_p, tile_n * BLOCK_N, mm, ep, lo, N, K, numel,
-                A_ROW_DIV, A_SORTED, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA, LIMIT,
-                WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K, BLOCK_K, BLOCK_R, U_SPLIT,
-                RANK_MASK, PDL_LATE, LORA_B_AHEAD, A_TMA, B_TMA, BLOCK_M, BLOCK_N,
-            )  # fmt: skip
+            _moe_tile(pairs_p, expert_p, row0_p, tile_n * BLOCK_N, mm, ep, lo, N, K, numel,
+                      TILE, A_TMA, B_TMA, BLOCK_M, BLOCK_N)  # fmt: skip
         if STREAM_K:
             _stream_k_tail(
                 pid, num_p, n_round, live_m * n_full - n_round, live_m, n_full,
-                mm, ep, al, sk_ws_ptr, sk_cnt_ptr, N, K, numel,
-                A_ROW_DIV, A_SORTED, A_TMA, B_TMA, C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT,
-                WEIGHT_POS, HAS_BIAS, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                mm, ep, al, sk_ws_ptr, sk_cnt_ptr, N, K, numel, TILE, A_TMA, B_TMA,
+                BLOCK_M, BLOCK_N, GROUP_M,
             )  # fmt: skip
         if TAIL_N > 0:
             # narrow tiles continue the round robin where the full ones stopped, so programs
@@ -432,12 +424,8 @@ def moe_gemm_kernel(
             first = (pid + num_p - n_round % num_p) % num_p
             for tile_m in range(first, live_m, num_p):
                 pairs_p, expert_p, _, row0_p = _block(tile_m, al, BLOCK_M, False)
-                _moe_tile(
-                    pairs_p, expert_p, row0_p, n_full * BLOCK_N, mm, ep, lo, N, K, numel,
-                    A_ROW_DIV, A_SORTED, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA, LIMIT,
-                    WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K, BLOCK_K, BLOCK_R, U_SPLIT,
-                    RANK_MASK, PDL_LATE, LORA_B_AHEAD, A_TMA, False, BLOCK_M, TAIL_N,
-                )  # fmt: skip
+                _moe_tile(pairs_p, expert_p, row0_p, n_full * BLOCK_N, mm, ep, lo, N, K, numel,
+                          TILE, A_TMA, False, BLOCK_M, TAIL_N)  # fmt: skip
         return
     if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
         if pid == 0:
@@ -464,30 +452,18 @@ def moe_gemm_kernel(
     if TAIL_M > 0:  # noqa: SIM102 (constexpr test: the short tile is compiled only when on)
         if tl.sum((pairs < numel).to(tl.int32), 0) <= TAIL_M:
             pairs_t = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, TAIL_M))
-            _moe_tile(
-                pairs_t, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
-                A_ROW_DIV, A_SORTED, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA, LIMIT,
-                WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K, BLOCK_K, BLOCK_R, U_SPLIT,
-                RANK_MASK, PDL_LATE, LORA_B_AHEAD, False, B_TMA, TAIL_M, BLOCK_N,
-            )  # fmt: skip
+            _moe_tile(pairs_t, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
+                      TILE, False, B_TMA, TAIL_M, BLOCK_N)  # fmt: skip
             return
     if TAIL_N > 0:  # noqa: SIM102 (constexpr test: the narrow tile is compiled only when on)
         if pid_n == num_pid_n - 1:
-            _moe_tile(
-                pairs, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
-                A_ROW_DIV, A_SORTED, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA, LIMIT,
-                WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K, BLOCK_K, BLOCK_R, U_SPLIT,
-                RANK_MASK, PDL_LATE, LORA_B_AHEAD, A_TMA, False, BLOCK_M, TAIL_N,
-            )  # fmt: skip
+            _moe_tile(pairs, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
+                      TILE, A_TMA, False, BLOCK_M, TAIL_N)  # fmt: skip
             if SUM_K > 0:
                 _sum_when_last(pid_m, pid_n, sums, SUM_K, BLOCK_N)
             return
-    _moe_tile(
-        pairs, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
-        A_ROW_DIV, A_SORTED, C_SORTED, C_ROW_DIV, TOP_K, GATED, ACT, ALPHA, LIMIT,
-        WEIGHT_POS, HAS_BIAS, HAS_LORA, ONE_DOT, EVEN_K, BLOCK_K, BLOCK_R, U_SPLIT,
-        RANK_MASK, PDL_LATE, LORA_B_AHEAD, A_TMA, B_TMA, BLOCK_M, BLOCK_N,
-    )  # fmt: skip
+    _moe_tile(pairs, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
+              TILE, A_TMA, B_TMA, BLOCK_M, BLOCK_N)  # fmt: skip
     if SUM_K > 0:
         _sum_when_last(pid_m, pid_n, sums, SUM_K, BLOCK_N)
 
@@ -508,23 +484,11 @@ def _stream_k_tail(
     N,
     K,
     numel,
-    A_ROW_DIV: tl.constexpr,
-    A_SORTED: tl.constexpr,
+    TILE: tl.constexpr,
     A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
-    C_SORTED: tl.constexpr,
-    C_ROW_DIV: tl.constexpr,
-    GATED: tl.constexpr,
-    ACT: tl.constexpr,
-    ALPHA: tl.constexpr,
-    LIMIT: tl.constexpr,
-    WEIGHT_POS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    ONE_DOT: tl.constexpr,
-    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
     """The last, partial round of tiles (fewer than programs), split along K into ``S`` equal
@@ -534,6 +498,9 @@ def _stream_k_tail(
     stores its partial sums, and the last to arrive adds the ``S`` parts in order
     (deterministic) and runs the epilogue; no program waits on another (the interpreter runs
     programs one by one)."""
+    GATED: tl.constexpr = TILE[5]
+    ONE_DOT: tl.constexpr = TILE[12]
+    BLOCK_K: tl.constexpr = TILE[14]
     steps = tl.cdiv(K, BLOCK_K)
     n_div = tl.maximum(n_tiles, 1)
     per = tl.cdiv(steps, tl.maximum(num_p // n_div, 1))  # K steps per part
@@ -546,8 +513,8 @@ def _stream_k_tail(
         tile_m, tile_n = _grouped_tile(first_tile + j, live_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
         pairs, expert, _, row0 = _block(tile_m, al, BLOCK_M, False)
         acc_b, acc_u = _tile_mainloop(
-            pairs, expert, row0, tile_n * BLOCK_N, mm, N, K, numel, lo, hi,
-            A_ROW_DIV, A_SORTED, A_TMA, B_TMA, GATED, ONE_DOT, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
+            pairs, expert, row0, tile_n * BLOCK_N, mm, N, K, numel, lo, hi, TILE, A_TMA, B_TMA,
+            BLOCK_M, BLOCK_N,
         )  # fmt: skip
         last = parts == 1
         if not last:
@@ -563,11 +530,8 @@ def _stream_k_tail(
                     acc_b += tl.load(ws_ptr + src + offs, cache_modifier=".cg")
                 tl.store(cnt_ptr + j, 0)  # zero again for the next use
         if last:
-            _tile_epilogue(
-                acc_b, acc_u, pairs, expert, row0, tile_n * BLOCK_N, ep, N, numel,
-                C_SORTED, C_ROW_DIV, GATED, ACT, ALPHA, LIMIT, WEIGHT_POS, HAS_BIAS, ONE_DOT,
-                BLOCK_M, BLOCK_N,
-            )  # fmt: skip
+            _tile_epilogue(acc_b, acc_u, pairs, expert, row0, tile_n * BLOCK_N, ep, N, numel, TILE,
+                           BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
