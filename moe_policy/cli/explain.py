@@ -86,6 +86,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="PATH",
         help="policy file (repeatable, later wins; replaces MOE_POLICY_FILES)",
     )
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="NAME[==VERSION]",
+        help="the engine the decision is for: moe_policy (default) or vllm, vllm==0.33 "
+        "(its backends, experts classes and rules; needs no engine installed)",
+    )
     for flag, _key, options in FLAG_KEYS:
         parser.add_argument(flag, dest=_dest(flag), default=None, **options)
     parser.add_argument(
@@ -178,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         policy_files=args.policy,
         explicit=entries,
         files_origin=Origin.cli("--policy"),
+        engine=args.engine,
+        engine_origin=Origin.cli("--engine"),
     )
     explanation = selector.explain()
     try:

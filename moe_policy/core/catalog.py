@@ -166,6 +166,9 @@ class Catalog:
     backends: Mapping[str, BackendSpec]
     implementations: Mapping[str, str]
     sha256: str
+    #: Deployment constraints of the engine that no backend choice can satisfy (e.g. vLLM's
+    #: LoRA layer under expert parallelism): a failing one is a PolicyError at selection.
+    deployment: tuple[Requirement, ...] = ()
 
     def __iter__(self) -> Iterator[BackendSpec]:
         return iter(self.backends.values())
@@ -291,7 +294,8 @@ def parse_catalog(loaded: LoadedYaml) -> Catalog:
             engine_name=raw.get("engine_name"),
         )
     implementations = {s.name: s.implementation for s in specs.values() if s.implementation}
-    return Catalog(specs, implementations, sha256_hex(loaded.text))
+    deployment = _requirements(loaded, data.get("deployment"), ("deployment",))
+    return Catalog(specs, implementations, sha256_hex(loaded.text), deployment)
 
 
 def _requirements(loaded: LoadedYaml, raw: Any, path: tuple[Any, ...]) -> tuple[Requirement, ...]:

@@ -79,7 +79,22 @@ def build_context(
     for key, resolved in settings_context.items():
         put(key, resolved.value, resolved.origin)
     _derive(values, origins, engine, request)
+    _check_deployment(catalog, engine, values, origins)
     return SelectionContext(values, origins, request, mode)
+
+
+def _check_deployment(
+    catalog: Catalog, engine: EngineProfile, values: Mapping[str, Any], origins: Mapping[str, str]
+) -> None:
+    """The engine's deployment constraints: one that fails is an error naming the keys that
+    break it and where they came from (it would fail the engine's start-up later)."""
+    for requirement in catalog.deployment:
+        detail = requirement.failure(values)
+        if detail is None:
+            continue
+        keys = [c.key for c in (*requirement.need, *requirement.when)]
+        origin = next((origins[k] for k in keys if origins.get(k, "default") != "default"), None)
+        raise PolicyError(f"{engine.label} cannot run this deployment: {detail}", origin)
 
 
 def _own_layout(values: Mapping[str, Any]) -> tuple[int, int, str, str]:

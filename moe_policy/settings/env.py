@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from moe_policy.core.decision import Notice
 from moe_policy.core.keys import coerce_bool
 from moe_policy.core.origin import Origin
-from moe_policy.core.rules import Rule
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry, Source, SourceOutput
 from moe_policy.settings.schema import validate_setting
@@ -51,7 +50,6 @@ VLLM_KNOWN_NO_EFFECT = {
     "VLLM_ROCM_AITER_MOE_DISPATCH_POLICY": "tunes AITER sorting at run time, not the backend choice",
     "VLLM_MOE_USE_DEEP_GEMM": "applies to FP8 MoE only",
 }
-_FI_MODES = {"throughput": "flashinfer_cutlass", "latency": "flashinfer_trtllm"}
 
 
 def _load_environ() -> Mapping[str, str]:
@@ -126,17 +124,16 @@ class EnvSource(Source):
             out.context.append(
                 Entry("batch_invariant", self._bool(BATCH_INVARIANT), Origin.env(BATCH_INVARIANT))
             )
-        if FI_FP16 in env:
-            self._load_flashinfer_fp16(out)
-        elif FI_BACKEND in env:
-            out.notices.append(
-                Notice(
-                    FI_BACKEND,
-                    str(Origin.env(FI_BACKEND)),
-                    f"has no effect without {FI_FP16}=1 (both were removed from vLLM in favour of --moe-backend)",
-                    replacement="MOE_POLICY_BACKEND",
+        for name in (FI_FP16, FI_BACKEND):
+            if name in env:
+                out.notices.append(
+                    Notice(
+                        name,
+                        str(Origin.env(name)),
+                        "was removed from vLLM (it no longer exists in vLLM 0.33); it has no effect",
+                        replacement="MOE_POLICY_BACKEND or vLLM's --moe-backend",
+                    )
                 )
-            )
         for name in sorted(env):
             if name.startswith("VLLM_") and "MOE" in name and name not in VLLM_HANDLED:
                 detail = VLLM_KNOWN_NO_EFFECT.get(name, "is not a knob moe_policy reads")
@@ -148,56 +145,3 @@ class EnvSource(Source):
                         replacement="MOE_POLICY_BACKEND or a policy rule",
                     )
                 )
-
-    def _load_flashinfer_fp16(self, out: SourceOutput) -> None:
-        env = self.environ
-        origin = Origin.env(FI_FP16)
-        if not self._bool(FI_FP16):
-            out.rules.append(
-                Rule(
-                    id="env-flashinfer-moe-fp16-off",
-                    effect="forbid",
-                    backends=("flashinfer_trtllm", "flashinfer_cutlass"),
-                    conditions=(),
-                    reason=f"{FI_FP16}=0 turns FlashInfer MoE off (deprecated vLLM knob)",
-                    origin=str(origin),
-                )
-            )
-            out.notices.append(
-                Notice(
-                    FI_FP16,
-                    str(origin),
-                    "deprecated vLLM knob, honoured: forbids both FlashInfer MoE backends",
-                    replacement="a policy rule `effect: forbid` on flashinfer_trtllm, flashinfer_cutlass",
-                )
-            )
-            return
-        mode = env.get(FI_BACKEND, "latency").strip().lower()
-        mode_origin = Origin.env(FI_BACKEND) if FI_BACKEND in env else origin
-        if mode not in _FI_MODES:
-            if mode == "masked_gemm":
-                out.notices.append(
-                    Notice(
-                        FI_BACKEND,
-                        str(mode_origin),
-                        "masked_gemm applies to quantized MoE only; no request made",
-                        replacement="MOE_POLICY_BACKEND",
-                    )
-                )
-                return
-            raise PolicyError(
-                f"expected throughput or latency, got {env[FI_BACKEND]!r}"
-                f"{did_you_mean(mode, _FI_MODES)}",
-                mode_origin,
-                key=FI_BACKEND,
-            )
-        backend = _FI_MODES[mode]
-        out.settings.append(Entry("backend", backend, mode_origin))
-        out.notices.append(
-            Notice(
-                FI_FP16,
-                str(origin),
-                f"deprecated vLLM knob, honoured as a request for {backend}",
-                replacement=f"MOE_POLICY_BACKEND={backend}",
-            )
-        )

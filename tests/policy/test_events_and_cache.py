@@ -65,8 +65,8 @@ def test_knob_ignored_event_for_a_vllm_variable_that_does_nothing(make_selector,
     )
 
 
-def test_deprecated_flashinfer_knob_event_names_the_replacement(make_selector, h200):
-    """The removed vLLM FlashInfer switch is honoured and its event names MOE_POLICY_BACKEND."""
+def test_removed_flashinfer_knob_event_names_the_replacement(make_selector, h200):
+    """The removed vLLM FlashInfer switch changes nothing and its event says so."""
     sel = make_selector(
         NEMOTRON,
         environ={"VLLM_USE_FLASHINFER_MOE_FP16": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"},
@@ -74,9 +74,13 @@ def test_deprecated_flashinfer_knob_event_names_the_replacement(make_selector, h
     )
     with capture_logs() as logs:
         decision = sel.select()
-    assert decision.backend == "flashinfer_cutlass"
-    event = next(e for e in logs if e["event"] == "moe_policy.knob_ignored")
-    assert event["replacement"] == "MOE_POLICY_BACKEND=flashinfer_cutlass"
+    assert decision.backend == "triton" and decision.requested is None
+    events = [e for e in logs if e["event"] == "moe_policy.knob_ignored"]
+    assert sorted(e["knob"] for e in events) == [
+        "VLLM_FLASHINFER_MOE_BACKEND",
+        "VLLM_USE_FLASHINFER_MOE_FP16",
+    ]
+    assert {e["replacement"] for e in events} == {"MOE_POLICY_BACKEND or vLLM's --moe-backend"}
 
 
 def test_audit_rule_is_recorded_and_changes_nothing(make_selector, h200, tmp_path):

@@ -106,29 +106,24 @@ def test_batch_invariant():
         _settings({"VLLM_BATCH_INVARIANT": "sometimes"})
 
 
-def test_removed_flashinfer_knobs_are_honoured_as_a_request_with_a_deprecation():
-    """VLLM_USE_FLASHINFER_MOE_FP16=1 + throughput -> request flashinfer_cutlass, notice names the replacement."""
-    settings = _settings(
-        {"VLLM_USE_FLASHINFER_MOE_FP16": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"}
-    )
-    assert settings.request is not None
-    assert (settings.request.backend, settings.request.origin) == (
-        "flashinfer_cutlass",
-        "env:VLLM_FLASHINFER_MOE_BACKEND",
-    )
-    notice = next(n for n in settings.notices if n.name == "VLLM_USE_FLASHINFER_MOE_FP16")
-    assert notice.replacement == "MOE_POLICY_BACKEND=flashinfer_cutlass"
-
-
-def test_flashinfer_fp16_off_forbids_both_flashinfer_backends():
-    """VLLM_USE_FLASHINFER_MOE_FP16=0 becomes an env-origin forbid rule."""
-    settings = _settings({"VLLM_USE_FLASHINFER_MOE_FP16": "0"})
-    rule = next(r for r in settings.rules if r.id == "env-flashinfer-moe-fp16-off")
-    assert (rule.effect, rule.backends, rule.origin) == (
-        "forbid",
-        ("flashinfer_trtllm", "flashinfer_cutlass"),
-        "env:VLLM_USE_FLASHINFER_MOE_FP16",
-    )
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"VLLM_USE_FLASHINFER_MOE_FP16": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"},
+        {"VLLM_USE_FLASHINFER_MOE_FP16": "0"},
+        {"VLLM_FLASHINFER_MOE_BACKEND": "latency"},
+    ],
+)
+def test_removed_flashinfer_knobs_are_reported_and_not_acted_on(environ):
+    """vLLM removed VLLM_USE_FLASHINFER_MOE_FP16 / VLLM_FLASHINFER_MOE_BACKEND: no request, no
+    rule, one notice each that says so and names the replacement."""
+    settings = _settings(environ)
+    assert settings.request is None
+    assert not [r for r in settings.rules if r.origin.startswith("env:")]
+    assert sorted(n.name for n in settings.notices) == sorted(environ)
+    for notice in settings.notices:
+        assert "removed from vLLM" in notice.detail and "no effect" in notice.detail
+        assert notice.replacement == "MOE_POLICY_BACKEND or vLLM's --moe-backend"
 
 
 def test_our_variable_beats_the_vllm_request():
@@ -149,10 +144,3 @@ def test_other_vllm_moe_variables_are_reported_as_no_effect(name):
     assert notice.event == "moe_policy.knob_ignored"
     assert notice.origin == f"env:{name}"
     assert "no effect" in notice.detail
-
-
-def test_flashinfer_backend_without_fp16_switch_is_reported():
-    """VLLM_FLASHINFER_MOE_BACKEND alone has no effect, and we say so."""
-    settings = _settings({"VLLM_FLASHINFER_MOE_BACKEND": "latency"})
-    assert settings.request is None
-    assert [n.name for n in settings.notices] == ["VLLM_FLASHINFER_MOE_BACKEND"]
