@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Origin:
-    """One value's source. ``kind`` is file, env, cli, api, default, probe or derived."""
+    """One value's source. ``kind`` is file, env, cli, api, default, probe, derived, or an
+    engine's name for a value read from that engine's own objects (``vllm:moe_config.num_experts``)."""
 
     kind: str
     locator: str = ""
@@ -39,6 +40,11 @@ class Origin:
     @classmethod
     def derived(cls, from_key: str) -> Origin:
         return cls("derived", from_key)
+
+    @classmethod
+    def engine(cls, engine: str, field: str) -> Origin:
+        """A value the engine itself holds (its config objects, platform, env knobs)."""
+        return cls(engine, field)
 
     def __str__(self) -> str:
         if self.kind == "file":

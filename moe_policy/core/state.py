@@ -49,6 +49,8 @@ class ProcessState:
     #: The built-in catalogs, parsed once, by engine profile.
     catalogs: dict[str, Catalog] = field(default_factory=dict)
     reporting: ReportingState = field(default_factory=ReportingState)
+    #: Decisions an engine integration made in this process, in order (its start-up check).
+    engine_decisions: list[Any] = field(default_factory=list)
     id_prefix: str = field(default_factory=lambda: os.urandom(4).hex())
     id_counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -71,3 +73,4 @@ def reset() -> None:
     STATE.probed_platform = None
     STATE.catalogs.clear()
     STATE.reporting.clear()
+    STATE.engine_decisions.clear()

@@ -1,0 +1,207 @@
+"""vLLM's unquantized MoE backend selection, through the policy.
+
+:func:`select_unquantized_moe_backend` has the signature and the return value of vLLM's
+own function (``(UnquantizedMoeBackend, experts class | None)``), so the plugin can put it
+in vLLM's place. Per call it builds the context from vLLM's objects, asks a selector for
+the vLLM engine profile and reports the decision (events, audit line, override warning,
+or the strict-mode error). Inside vLLM each candidate's experts classes also run vLLM's
+own ``is_supported_config``, whose reason lands in the candidate's detail: the policy
+never picks what this vLLM cannot build.
+
+Selectors are cached per layer signature and environment, so 48 identical MoE layers cost
+one resolution and 48 cheap lookups.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from moe_policy.api import Selector
+from moe_policy.core.catalog import Catalog, load_catalog
+from moe_policy.core.decision import Decision
+from moe_policy.core.engines import EngineProfile, resolve_engine
+from moe_policy.core.state import STATE
+from moe_policy.integrations.vllm.facts import (
+    deployment_entries,
+    model_facts,
+    platform_entries,
+    request_entry,
+    vllm_origin,
+)
+
+
+def engine_profile() -> EngineProfile:
+    """The profile of the installed vLLM (an error when none describes its version)."""
+    import vllm
+
+    return resolve_engine(f"vllm=={vllm.__version__}", vllm_origin("vllm.__version__"))
+
+
+def _signature(moe_config: Any) -> tuple[Any, ...]:
+    par = moe_config.moe_parallel_config
+    env = tuple(
+        sorted((k, v) for k, v in os.environ.items() if k.startswith(("MOE_POLICY_", "VLLM_")))
+    )
+    return (
+        moe_config.num_experts,
+        moe_config.experts_per_token,
+        moe_config.hidden_dim,
+        moe_config.intermediate_size,
+        str(moe_config.activation),
+        str(moe_config.routing_method),
+        str(moe_config.in_dtype),
+        moe_config.has_bias,
+        moe_config.is_lora_enabled,
+        str(moe_config.moe_backend),
+        par.tp_size,
+        par.dp_size,
+        par.pcp_size,
+        par.ep_size,
+        par.sp_size,
+        par.use_ep,
+        par.all2all_backend,
+        par.enable_eplb,
+        env,
+    )
+
+
+def _experts_classes(backend: Any, lora: bool, engine_class: str | None) -> list[Any]:
+    """The classes vLLM would try for ``backend`` (its LoRA class when LoRA picks it)."""
+    from vllm.model_executor.layers.fused_moe.oracle import unquantized
+
+    if lora and engine_class == "TrtLlmBf16LoRAExperts":
+        from vllm.model_executor.layers.fused_moe.experts.trtllm_lora_moe import (
+            TrtLlmBf16LoRAExperts,
+        )
+
+        return [TrtLlmBf16LoRAExperts]
+    return list(unquantized.backend_to_kernel_cls(backend))
+
+
+def _activation_format(moe_config: Any, batched: bool) -> Any:
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+    if batched:
+        return mk.FusedMoEActivationFormat.BatchedExperts
+    return mk.FusedMoEActivationFormat.Standard
+
+
+def _engine_checks(moe_config: Any, catalog: Catalog) -> dict[str, Callable[..., Any]]:
+    """Per backend: vLLM's own ``is_supported_config`` over its experts classes."""
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+
+    checks: dict[str, Callable[..., Any]] = {}
+    for spec in catalog:
+        if spec.engine_name is None or spec.delegated:
+            continue
+        backend = UnquantizedMoeBackend[spec.engine_name]
+
+        def check(values: Mapping[str, object], backend: Any = backend, spec: Any = spec) -> Any:
+            lora = bool(values.get("lora.enabled"))
+            lora_class = spec.lora_experts_class if lora and spec.lora == "conditional" else None
+            fmt = _activation_format(
+                moe_config, values.get("parallel.activation_format") == "batched"
+            )
+            reason = None
+            for cls in _experts_classes(backend, lora, lora_class):
+                ok, reason = cls.is_supported_config(cls, moe_config, None, None, fmt)
+                if ok:
+                    return True, None
+            return False, f"vLLM: {reason}" if reason else "vLLM: not supported here"
+
+        checks[spec.name] = check
+    return checks
+
+
+def _layer_identity() -> tuple[int | None, str | None]:
+    """The index of the layer being built, and ``draft`` inside a speculative model."""
+    index = None
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        name = getattr(owner, "layer_name", None)
+        if type(owner).__name__ == "RoutedExperts" and isinstance(name, str):
+            numbers = [int(part) for part in name.split(".") if part.isdigit()]
+            index = numbers[0] if len(numbers) == 1 else None
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    # vLLM builds draft models under set_model_tag("eagle_head" / "draft_model" ...); the
+    # module is read only if vLLM loaded it (importing it would load the compiler stack).
+    backends = sys.modules.get("vllm.compilation.backends")
+    tag = getattr(backends, "model_tag", "backbone")
+    kind = None if tag in (None, "backbone") else "draft"
+    return index, kind
+
+
+def selector_for(moe_config: Any) -> Selector:
+    """The cached selector of this layer signature and environment (process state, so
+    ``moe_policy.reset()`` forgets it)."""
+    key = ("vllm", _signature(moe_config))
+    selector: Selector | None = STATE.selectors.get(key)
+    if selector is not None:
+        return selector
+    with STATE.selectors_lock:
+        selector = STATE.selectors.get(key)
+        if selector is None:
+            selector = _build(moe_config)
+            STATE.selectors[key] = selector
+    return selector
+
+
+def decisions() -> list[Decision]:
+    """Every decision made for vLLM in this process, in order."""
+    return list(STATE.engine_decisions)
+
+
+def _build(moe_config: Any) -> Selector:
+    from vllm.config.vllm import get_current_vllm_config_or_none
+    from vllm.platforms import current_platform
+
+    vllm_config = get_current_vllm_config_or_none()
+    model_config = getattr(vllm_config, "model_config", None)
+    architectures = getattr(model_config, "architectures", None) or []
+    platform, platform_facts = platform_entries(current_platform)
+    explicit = [
+        *deployment_entries(moe_config, getattr(vllm_config, "lora_config", None)),
+        *platform_facts,
+    ]
+    request = request_entry(moe_config)
+    if request is not None:
+        explicit.append(request)
+    profile = engine_profile()
+    catalog = load_catalog(profile)
+    return Selector(
+        model_facts(moe_config, architectures[0] if architectures else None),
+        explicit=explicit,
+        platform=platform,
+        engine=profile,
+        engine_origin=vllm_origin("vllm.__version__"),
+        extra_checks=_engine_checks(moe_config, catalog),
+    )
+
+
+def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
+    """vLLM's selection function, decided by the policy (same arguments, same result)."""
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+
+    selector = selector_for(moe_config)
+    index, kind = _layer_identity()
+    decision = selector.select(index, kind)
+    STATE.engine_decisions.append(decision)
+    spec = selector.catalog.spec(str(decision.backend))
+    backend = UnquantizedMoeBackend[str(spec.engine_name)]
+    if spec.delegated:
+        return backend, None
+    lora = bool(moe_config.is_lora_enabled)
+    classes = _experts_classes(backend, lora, decision.experts_class)
+    fmt = _activation_format(moe_config, decision.activation_format == "batched")
+    for cls in classes:
+        if cls.__name__ == decision.experts_class:
+            return backend, cls
+    for cls in classes:  # the engine's order has the last word on which class it builds
+        if cls.is_supported_config(cls, moe_config, None, None, fmt)[0]:
+            return backend, cls
+    return backend, classes[0]
