@@ -1,2 +1,5 @@
-"""The Triton fused-MoE kernels: alignment, tile configs and heuristics, LoRA, the fused and
-batched layers, and the tuned configs in ``configs/``."""
+"""The Triton fused-MoE kernels: device facts (``device``), shared jit helpers (``jit``),
+alignment (``align``), tile configs and heuristics (``config``, tuned files in ``configs/``),
+LoRA (``lora``), the standard format's kernels (``gemm``), launch plan (``launch``) and
+launcher and experts class (``fused_moe``), the batched format (``batched``) and the scratch
+allocator (``workspace``)."""

@@ -78,7 +78,7 @@ from moe_policy.experts.triton.device import (
 )
 from moe_policy.experts.triton.gemm import moe_gemm_kernel, moe_sum_kernel
 from moe_policy.experts.triton.jit import ACTIVATION_CODES
-from moe_policy.experts.triton.launch import GemmLaunch, LaunchPlan, MoEProblem, plan_launch
+from moe_policy.experts.triton.launch import GemmLaunch, LaunchPlan, MoEProblem, cached_plan
 from moe_policy.experts.triton.lora import MAX_RANK, lora_shrink
 from moe_policy.experts.triton.workspace import Workspace
 
@@ -197,8 +197,9 @@ def fused_moe_triton(
         swiglu_alpha, swiglu_limit,
     )  # fmt: skip
     if plan is None:
-        plan = plan_launch(problem, device_limits(x.device), config, naive)
-    _check(plan.problem == problem, f"the plan is for {plan.problem}, not this call's {problem}")
+        plan = cached_plan(problem, device_limits(x.device), config, naive)
+    if plan.problem != problem:
+        raise ValueError(f"the plan is for {plan.problem}, not this call's {problem}")
     return launch_plan(plan, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, lora)
 
 

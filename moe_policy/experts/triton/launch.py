@@ -41,9 +41,8 @@ The decisions and why:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import Any
-
-import triton
 
 from moe_policy.experts.base import ExpertsConfig
 from moe_policy.experts.triton.align import max_blocks_for, stable_supported
@@ -149,8 +148,9 @@ class GemmLaunch:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Every decision of one call (see the module docstring); derived values are properties,
-    so that a plan with a decision replaced (``dataclasses.replace``) stays consistent."""
+    """Every decision of one call (see the module docstring); derived values are properties
+    (cached per plan), so that a plan with a decision replaced (``dataclasses.replace``, a
+    new plan) stays consistent."""
 
     problem: MoEProblem
     config: MoEConfig  # tile config, cut for the dtype
@@ -186,7 +186,7 @@ class LaunchPlan:
     def block_m(self) -> int:
         return self.config.block_m
 
-    @property
+    @cached_property
     def num_blocks(self) -> int:
         """M blocks of the grids: a static bound, so no host sync (one pair each, naive)."""
         p = self.problem
@@ -217,7 +217,7 @@ class LaunchPlan:
         """K parts of the LoRA shrinks: more where few blocks would leave the GPU idle."""
         return max(1, min(SHRINK_MAX_SPLIT, SHRINK_MIN_PROGRAMS // max(1, self.num_blocks)))
 
-    @property
+    @cached_property
     def block_r(self) -> int:
         """LoRA rank padded to a power of two >= 16 (1 without LoRA)."""
         p = self.problem
@@ -239,7 +239,7 @@ class LaunchPlan:
         if not self.fused_sum:
             return None
         p, bn = self.problem, self.config.gemm2.block_n
-        return (triton.cdiv(p.hidden, bn), p.elem_bytes * p.hidden // 4,
+        return (_cdiv(p.hidden, bn), p.elem_bytes * p.hidden // 4,
                 bn * p.elem_bytes // 4)  # fmt: skip
 
     @property
@@ -247,7 +247,7 @@ class LaunchPlan:
         """Block of the separate top-k sum kernel; None when GEMM 2 sums or writes the output."""
         if self.problem.direct or self.fused_sum:
             return None
-        return min(SUM_MAX_BLOCK_H, triton.next_power_of_2(self.problem.hidden))
+        return min(SUM_MAX_BLOCK_H, _pow2(self.problem.hidden))
 
     # ------------------------------------------------------------------ shrinks and GEMMs
 
@@ -274,7 +274,7 @@ class LaunchPlan:
 
     def _gemm(self, n: int, k: int, g: GemmConfig, b_rows: int, a_tma: bool,
               **constexprs: Any) -> GemmLaunch:  # fmt: skip
-        tiles = self.num_blocks * triton.cdiv(n, g.block_n)
+        tiles = self.num_blocks * _cdiv(n, g.block_n)
         b_tma = g.tma and b_rows <= TMA_MAX_BOX and g.block_k <= TMA_MAX_BOX and self.tma
         return GemmLaunch(
             n=n, k=k, tile=g, grid=min(tiles, self.num_sms) if self.persistent else tiles,
@@ -286,7 +286,7 @@ class LaunchPlan:
             ),
         )  # fmt: skip
 
-    @property
+    @cached_property
     def gemm1(self) -> GemmLaunch:
         """x [T, H] -> activation [numel, I] in expert-sorted rows."""
         p, g1 = self.problem, self.config.gemm1
@@ -297,11 +297,11 @@ class LaunchPlan:
             ACT=ACTIVATION_CODES[p.activation],
             WEIGHT_POS=WEIGHT_INPUT if p.weight_on_input else WEIGHT_NONE,
             ONE_DOT=self.one_dot1, SUM_K=0,
-            ZERO_CNT=triton.next_power_of_2(sc[0]) if sc else 0,
+            ZERO_CNT=_pow2(sc[0]) if sc else 0,
             PDL=self.pdl and (not self.naive or p.has_lora), TRIGGER=self.trigger,
         )  # fmt: skip
 
-    @property
+    @cached_property
     def gemm2(self) -> GemmLaunch:
         """activation [numel, I] -> [numel, H] by pair, or the output when k = 1."""
         p, g2 = self.problem, self.config.gemm2
@@ -341,7 +341,7 @@ def plan_launch(
     trigger = (
         pdl and naive and not p.has_lora
         and (cfg.trigger if cfg.trigger is not None
-             else p.numel * triton.cdiv(p.inter, g1.block_n) <= device.num_sms)
+             else p.numel * _cdiv(p.inter, g1.block_n) <= device.num_sms)
     )  # fmt: skip
     return LaunchPlan(
         problem=p, config=cfg, num_sms=device.num_sms, smem_limit=device.smem_limit,
@@ -352,6 +352,13 @@ def plan_launch(
         pdl=pdl, trigger=trigger,
         fused_sum=naive and not p.direct and not p.has_lora and (p.hidden * p.elem_bytes) % 4 == 0,
     )  # fmt: skip
+
+
+#: ``plan_launch`` memoised: plans are values, so the launcher reuses the one of each (problem,
+#: device, config, naive) it has seen instead of planning each call again (tens of
+#: microseconds of host time per call). Like ``config.load_tuned``, it does not see tuned files
+#: change on disk: clear both (``cache_clear``) after writing one.
+cached_plan = lru_cache(maxsize=256)(plan_launch)
 
 
 def stream_k_workspace_elems(programs: int, block_m: int, b_cols: int) -> int:
@@ -370,5 +377,14 @@ def narrow_tail(n: int, block_n: int) -> int:
     """Width of the narrow last N tile (the remainder's next power of two, at least 16) when
     that is at most half a tile, else 0."""
     rem = n % block_n
-    width = max(16, triton.next_power_of_2(rem)) if rem else 0
+    width = max(16, _pow2(rem)) if rem else 0
     return width if 2 * width <= block_n else 0
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (0 for 0), as ``triton.next_power_of_2``."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
