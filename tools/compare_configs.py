@@ -47,12 +47,12 @@ from moe_policy.experts.triton.config import (
     CONFIG_DIR,
     SMEM_LIMIT,
     MoEConfig,
-    _smem_bytes,
     config_file_name,
     default_tail_m,
     get_config,
     heuristic_config,
     is_decode_batch,
+    smem_bytes,
 )
 from tools.layer import call, compile_configs, layer, layer_lora
 from tools.tune_triton import write_config_file
@@ -138,7 +138,7 @@ def decode_tile_search(shape: MoEShape, t: int, device: str) -> dict[str, MoECon
             if bn > n or bk > k:
                 continue
             g = replace(getattr(base, gemm), block_n=bn, block_k=bk, num_stages=st)
-            if _smem_bytes(base.block_m, g, b_tiles[gemm]) > SMEM_LIMIT:
+            if smem_bytes(base.block_m, g, b_tiles[gemm]) > SMEM_LIMIT:
                 continue
             for trig in triggers:
                 cfg = replace(base, **{gemm: g}, trigger=trig)

@@ -97,8 +97,8 @@ def compile_gemm(
     constexprs: dict[str, Any], *, num_warps: int, num_stages: int, arch: int = 90,
     dtype: str = "bf16",
 ) -> Any:  # fmt: skip
-    """Compile ``_moe_gemm_kernel`` for ``sm_<arch>`` with these constexprs; a CompiledKernel."""
-    from moe_policy.experts.triton.fused_moe import _moe_gemm_kernel
+    """Compile ``moe_gemm_kernel`` for ``sm_<arch>`` with these constexprs; a CompiledKernel."""
+    from moe_policy.experts.triton.gemm import moe_gemm_kernel
 
     const = {**constexprs, **{s: 1 for s in _UNIT_STRIDES}}
     types = {p: "*i32" for p in _INT_POINTERS} | {p: "*fp32" for p in _FP32_POINTERS}
@@ -109,16 +109,16 @@ def compile_gemm(
             types[desc] = f"tensordesc<{dtype}[{rows}, {const['BLOCK_K']}]>"
         else:
             const[desc] = None
-    return _compile(_moe_gemm_kernel, const, types, num_warps=num_warps,
+    return _compile(moe_gemm_kernel, const, types, num_warps=num_warps,
                     num_stages=num_stages, arch=arch, dtype=dtype)  # fmt: skip
 
 
 def compile_shrink(
     *, block_m: int = 128, num_slices: int = 2, arch: int = 90, dtype: str = "bf16"
 ) -> Any:
-    """Compile ``_lora_shrink_kernel`` (rank 16, 4 slots: 64 slot-expanded columns, as
+    """Compile ``lora_shrink_kernel`` (rank 16, 4 slots: 64 slot-expanded columns, as
     ``lora_shrink`` launches it for x) for ``sm_<arch>``; a CompiledKernel."""
-    from moe_policy.experts.triton.lora import _lora_shrink_kernel
+    from moe_policy.experts.triton.lora import lora_shrink_kernel
 
     const = dict(
         A_ROW_DIV=8, A_SORTED=False, TOP_K=8, NUM_SLICES=num_slices, NAIVE=False,
@@ -127,7 +127,7 @@ def compile_shrink(
         stride_ur=1,
     )  # fmt: skip
     types = {p: "*i32" for p in _INT_POINTERS} | {"u_ptr": "*fp32"}
-    return _compile(_lora_shrink_kernel, const, types, num_warps=4 if block_m <= 64 else 8,
+    return _compile(lora_shrink_kernel, const, types, num_warps=4 if block_m <= 64 else 8,
                     num_stages=3, arch=arch, dtype=dtype)  # fmt: skip
 
 

@@ -103,15 +103,17 @@ def as_on(call: Call) -> Iterator[None]:
     device queries that find them on a GPU)."""
     from moe_policy.experts.triton import batched as batched_triton
     from moe_policy.experts.triton import fused_moe as triton_moe
+    from moe_policy.experts.triton.device import DeviceLimits
 
     part, limits = PARTS[call.part], part_limits(call)
     hopper = part.hopper
+    device = DeviceLimits(num_sms=part.num_sms, smem_limit=limits["smem_limit"],
+                          device_name=part.device_name, tile_sms=part.num_sms, pdl=hopper,
+                          tma=hopper)  # fmt: skip
     with contextlib.ExitStack() as stack:
-        for mod in (triton_moe, batched_triton):
-            stack.enter_context(mock.patch.object(mod, "sm_count", lambda device: part.num_sms))
-            stack.enter_context(mock.patch.object(mod, "config_limits", lambda device: limits))
-        stack.enter_context(mock.patch.object(triton_moe, "_tma_device", lambda t: hopper))
-        stack.enter_context(mock.patch.object(triton_moe, "_pdl_usable", lambda x: hopper))
+        stack.enter_context(mock.patch.object(triton_moe, "device_limits", lambda d: device))
+        stack.enter_context(mock.patch.object(batched_triton, "sm_count", lambda d: part.num_sms))
+        stack.enter_context(mock.patch.object(batched_triton, "config_limits", lambda d: limits))
         yield
 
 

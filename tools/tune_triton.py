@@ -30,10 +30,10 @@ from benchmarks.common import SHAPES, MoEShape, add_shape_args, kernel_times, ro
 from moe_policy.experts.triton.config import (
     GemmConfig,
     MoEConfig,
-    _fit_stages,
     config_file_name,
     default_pdl,
     default_tail_m,
+    fit_stages,
     heuristic_config,
 )
 from tools.layer import call, compile_configs, layer
@@ -103,8 +103,8 @@ def candidates(shape: MoEShape, t: int, tma: bool = True) -> list[MoEConfig]:
             a, b = t1[j % len(t1)], t2[j % len(t2)]
             g1 = GemmConfig(a[0], a[1], gm, a[2], a[3], a[4], tma=tma)
             g2 = GemmConfig(b[0], b[1], gm, b[2], b[3], tma=tma)
-            g1 = _fit_stages(bm, g1, 2 if shape.gated else 1)
-            c = MoEConfig(bm, g1, _fit_stages(bm, g2, 1))
+            g1 = fit_stages(bm, g1, 2 if shape.gated else 1)
+            c = MoEConfig(bm, g1, fit_stages(bm, g2, 1))
             if c not in out:
                 out.append(c)
     return out

@@ -45,18 +45,18 @@ def test_every_kernel_of_qwen3_fits_an_ada_part(tmp_path):
     assert rc == 0 and all(r["fits"] for r in res), stdout
     assert all(r["limit"] == 101376 and 0 <= r["shared"] <= r["limit"] for r in res)
     std = {"fmt": "standard", "tokens": 1}
-    assert _kernels(res, **std, lora=False) == ["_moe_gemm_kernel"] * 2
+    assert _kernels(res, **std, lora=False) == ["moe_gemm_kernel"] * 2
     assert _kernels(res, **std, lora=True) == [
-        "_lora_shrink_kernel", "_moe_gemm_kernel", "_lora_shrink_kernel", "_moe_gemm_kernel",
-        "_moe_sum_kernel",
+        "lora_shrink_kernel", "moe_gemm_kernel", "lora_shrink_kernel", "moe_gemm_kernel",
+        "moe_sum_kernel",
     ]  # fmt: skip
     prefill = _kernels(res, fmt="standard", tokens=4096, lora=False)
     assert prefill[:1] == ["_align_count_kernel"] and prefill[-3:] == [
-        "_moe_gemm_kernel", "_moe_gemm_kernel", "_moe_sum_kernel",
+        "moe_gemm_kernel", "moe_gemm_kernel", "moe_sum_kernel",
     ]  # fmt: skip
     assert _kernels(res, fmt="batched", tokens=4096, lora=True).count("_lora_shrink_kernel") == 2
     # the GEMMs are real tiles, not trivially small: the prefill ones use shared memory
-    assert min(r["shared"] for r in res if r["kernel"] == "_moe_gemm_kernel") > 16 * 1024
+    assert min(r["shared"] for r in res if r["kernel"] == "moe_gemm_kernel") > 16 * 1024
     assert "of 99" in stdout
 
 
@@ -69,7 +69,7 @@ def test_tiles_planned_for_hopper_would_not_fit_and_are_reported(tmp_path):
                            "--plan-smem", "204800")  # fmt: skip
     over = [r for r in res if not r["fits"]]
     assert rc == 1 and over, stdout
-    assert {r["kernel"] for r in over} == {"_moe_gemm_kernel"}
+    assert {r["kernel"] for r in over} == {"moe_gemm_kernel"}
     assert all(r["shared"] > 101376 for r in over)
     assert "OVER" in stdout and f"{len(res) - len(over)} of {len(res)} launches fit" in stdout
 
@@ -82,7 +82,7 @@ def test_fp32_fits_the_h200(tmp_path):
                            "--tokens", "4096", "--formats", "standard", "--dtypes", "fp32")  # fmt: skip
     assert rc == 0 and all(r["fits"] for r in res), stdout
     assert all(r["limit"] == 232448 for r in res)
-    assert _kernels(res, lora=False).count("_moe_gemm_kernel") == 2
+    assert _kernels(res, lora=False).count("moe_gemm_kernel") == 2
     assert all(r["config"]["persistent"] for r in res)
 
 
@@ -103,7 +103,7 @@ def test_a_launch_option_the_backend_rejects_is_reported():
     code = (
         "from tools import smem_check as s\n"
         "_, launches = s.dry_run_standard(s.Call('mi300x', 'qwen3-30b-a3b', 1))\n"
-        "gemm = next(x for x in launches if x.name == '_moe_gemm_kernel')\n"
+        "gemm = next(x for x in launches if x.name == 'moe_gemm_kernel')\n"
         "gemm.kwargs['launch_pdl'] = False\n"
         "try:\n"
         "    s.compile_launch(gemm, s.PARTS['mi300x'])\n"
@@ -115,7 +115,7 @@ def test_a_launch_option_the_backend_rejects_is_reported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=REPO, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "REJECTED _moe_gemm_kernel: Triton's hip backend rejects launch option(s) " \
+    assert "REJECTED moe_gemm_kernel: Triton's hip backend rejects launch option(s) " \
            "['launch_pdl']" in out.stdout  # fmt: skip
     assert "ON_CUDA True" in out.stdout
 

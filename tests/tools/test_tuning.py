@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.common import SHAPES
-from moe_policy.experts.triton.config import CONFIG_DIR, SMEM_LIMIT, _smem_bytes
+from moe_policy.experts.triton.config import CONFIG_DIR, SMEM_LIMIT, smem_bytes
 from tools import compare_configs, tune_triton
 
 
@@ -73,7 +73,7 @@ def test_decode_tile_search_varies_one_gemm_tile_at_a_time_within_shared_memory(
         assert getattr(cfg, kept) == getattr(base, kept)
         assert (f"n{g.block_n}", f"k{g.block_k}", f"s{g.num_stages}") == (n, k, st)
         assert cfg.trigger is (trig == "trig")
-        assert _smem_bytes(base.block_m, g, 2 if changed == "gemm1" else 1) <= SMEM_LIMIT
+        assert smem_bytes(base.block_m, g, 2 if changed == "gemm1" else 1) <= SMEM_LIMIT
         assert g.block_n <= (shape.inter if changed == "gemm1" else shape.hidden)
     on = {n.rsplit("_", 1)[0] for n in found if n.endswith("_trig")}
     off = {n.rsplit("_", 1)[0] for n in found if n.endswith("_notrig")}
