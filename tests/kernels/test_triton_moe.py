@@ -177,7 +177,7 @@ def test_multi_program_alignment_over_many_chunks(t, k, e, kind, device):
 
     _, ti = make_routing(t, e, k, device, kind=kind, seed=5)
     ti[::7, -1] = -1
-    assert ti.numel() > 4 * align._CHUNK
+    assert ti.numel() > 4 * align.PAIRS_PER_PROGRAM
     _check_alignment(ti, e, 64)
 
 

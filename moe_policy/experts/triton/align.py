@@ -55,10 +55,10 @@ from moe_policy.experts.triton.workspace import Alloc, fresh
 
 #: Largest ``numel`` handled by the single-program kernel.
 FUSED_MAX = 1024
-#: Pairs per program in the multi-program path (a stable alignment: _STABLE_CHUNK, as each
+#: Pairs per program in the multi-program path (a stable alignment takes fewer, as each
 #: program ranks its pairs with a [chunk, bins] cumulative sum).
-_CHUNK = 1024
-_STABLE_CHUNK = 256
+PAIRS_PER_PROGRAM = 1024
+STABLE_PAIRS_PER_PROGRAM = 256
 #: Blocks per step when ``-1`` is written past the end of ``expert_ids``.
 _BLOCK_CHUNK = 64
 #: int32 elements between neighbouring keys' cursors in the multi-program path: one 128-byte
@@ -455,7 +455,7 @@ def moe_align(
         step = cursor_step(num_bins * sub)
         counts = take((num_bins * sub,), torch.int32).zero_()
         cursor = take((num_bins * sub * step,), torch.int32)  # written by the offsets kernel
-        chunk = _STABLE_CHUNK if stable else _CHUNK
+        chunk = STABLE_PAIRS_PER_PROGRAM if stable else PAIRS_PER_PROGRAM
         grid = (triton.cdiv(numel, chunk),)
         chunk_counts = take((grid[0] * num_bins,), torch.int32) if stable else counts
         _align_count_kernel[grid](

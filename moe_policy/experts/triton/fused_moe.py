@@ -145,7 +145,8 @@ def fused_moe_triton(
 
     ``config``: the tile config (default: the tuned file or the heuristic for the device);
     ``naive``: one pair per block, no alignment (default: for decode batches); ``plan``: run
-    this plan instead (one made for this call's problem, ``launch.plan_launch``)."""
+    this plan instead of planning (one made for this call's problem, ``launch.plan_launch``;
+    ``config`` and ``naive`` are then not used)."""
     # check shapes, dtypes and strides
     _check(x.dim() == 2 and w13.dim() == 3 and w2.dim() == 3,
            f"expected x [T, H], w13 [E, N1, H], w2 [E, H, I]; got x {tuple(x.shape)}, "
