@@ -2,7 +2,7 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed-stamp
 
-.PHONY: setup demo test test-gpu lint lint-policy bench clean
+.PHONY: setup demo test test-vllm test-gpu lint lint-policy bench clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,13 @@ test: setup
 	$(PY) -m pytest -n 2 -q tests
 	$(PY) -m pytest -q --doctest-modules moe_policy --ignore=moe_policy/experts
 
+# vLLM 0.33.0's real selection code on the CPU (its own environment, no CUDA packages):
+# the plugin through vLLM's loader, vLLM's selection scenarios, the differential grid.
+VLLM_ENV := .venv-vllm
+test-vllm:
+	bash scripts/vllm_env.sh $(VLLM_ENV)
+	$(VLLM_ENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/vllm
+
 test-gpu:
 	python3 -m pytest -q -m gpu tests
 
@@ -38,4 +45,4 @@ bench: setup
 	$(PY) -m benchmarks.cli
 
 clean:
-	rm -rf .venv build dist *.egg-info
+	rm -rf .venv .venv-vllm build dist *.egg-info

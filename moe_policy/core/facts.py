@@ -161,8 +161,13 @@ def _derive(
     )
     values["parallel.all2all_active"] = active
     origins["parallel.all2all_active"] = str(Origin.derived(why))
+    # vLLM also takes the batched format from an explicit batched_triton request, except
+    # under LoRA, whose branch returns before the format is looked at.
     batched = active in BATCHED_ALL2ALL or (
-        engine.vllm_layout and request is not None and request.backend == "batched_triton"
+        engine.vllm_layout
+        and request is not None
+        and request.backend == "batched_triton"
+        and not values.get("lora.enabled")
     )
     values["parallel.activation_format"] = "batched" if batched else "standard"
     origins["parallel.activation_format"] = str(

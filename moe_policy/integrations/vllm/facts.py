@@ -91,13 +91,20 @@ def model_facts(moe_config: Any, architecture: str | None = None) -> ModelFacts:
     return ModelFacts("vllm:moe_config", facts)
 
 
-def request_entry(moe_config: Any) -> Entry | None:
-    """vLLM's ``--moe-backend`` as an explicit request (None: auto for this layer)."""
-    value = str(moe_config.moe_backend or "auto")
+def request_entry(value: str, *, platform: str, lora: bool, moonep: bool) -> Entry | None:
+    """vLLM's ``--moe-backend`` as an explicit request (None: auto for this layer).
+
+    A value vLLM maps to no unquantized backend is an error where vLLM's oracle would raise
+    too; on TPU and out-of-tree platforms, under LoRA and with the MoonEP all2all its oracle
+    returns before it looks at the value.
+    """
+    value = str(value or "auto")
     origin = vllm_origin("--moe-backend")
     if value in MEANS_AUTO:
         return None
     if value not in REQUESTABLE:
+        if platform in ("tpu", "oot") or lora or moonep:
+            return None
         raise PolicyError(
             f"moe_backend={value!r} is not supported for unquantized MoE "
             f"(vLLM maps only {', '.join(REQUESTABLE)}){did_you_mean(value, REQUESTABLE)}",

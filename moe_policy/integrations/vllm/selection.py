@@ -14,6 +14,7 @@ one resolution and 48 cheap lookups.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -90,9 +91,16 @@ def _activation_format(moe_config: Any, batched: bool) -> Any:
 
 
 def _engine_checks(moe_config: Any, catalog: Catalog) -> dict[str, Callable[..., Any]]:
-    """Per backend: vLLM's own ``is_supported_config`` over its experts classes."""
+    """Per backend: vLLM's own ``is_supported_config`` over its experts classes.
+
+    LoRA is left to the policy's LoRA pass (so a request it vetoes says ``lora_unsupported``):
+    the classes are asked about a copy of the layer's config with LoRA off, except the LoRA
+    class itself.
+    """
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
+    without_lora = copy.copy(moe_config)
+    without_lora.is_lora_enabled = False
     checks: dict[str, Callable[..., Any]] = {}
     for spec in catalog:
         if spec.engine_name is None or spec.delegated:
@@ -106,8 +114,9 @@ def _engine_checks(moe_config: Any, catalog: Catalog) -> dict[str, Callable[...,
                 moe_config, values.get("parallel.activation_format") == "batched"
             )
             reason = None
+            config = moe_config if lora_class else without_lora
             for cls in _experts_classes(backend, lora, lora_class):
-                ok, reason = cls.is_supported_config(cls, moe_config, None, None, fmt)
+                ok, reason = cls.is_supported_config(cls, config, None, None, fmt)
                 if ok:
                     return True, None
             return False, f"vLLM: {reason}" if reason else "vLLM: not supported here"
@@ -168,7 +177,12 @@ def _build(moe_config: Any) -> Selector:
         *deployment_entries(moe_config, getattr(vllm_config, "lora_config", None)),
         *platform_facts,
     ]
-    request = request_entry(moe_config)
+    request = request_entry(
+        moe_config.moe_backend,
+        platform=platform.platform,
+        lora=bool(moe_config.is_lora_enabled),
+        moonep=bool(moe_config.moe_parallel_config.use_moonep_kernels),
+    )
     if request is not None:
         explicit.append(request)
     profile = engine_profile()

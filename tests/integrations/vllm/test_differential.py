@@ -1,0 +1,288 @@
+"""moe_policy with ``engine: vllm`` against vLLM 0.33's own selection, over a broad grid.
+
+For every case the real ``select_unquantized_moe_backend`` runs under a faked platform, and
+moe_policy decides twice: inside vLLM (the integration, which also asks vLLM's experts
+classes) and as a dry run from the bare facts (the vLLM profile's YAML alone). Both must
+agree with vLLM, except where moe_policy deliberately differs; each such case carries one of
+the reason codes listed in docs/vllm.md, and each code is seen at least once.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from moe_policy import (
+    MoEPolicyError,
+    PlatformFacts,
+    Selector,
+)
+from moe_policy.core.state import STATE
+from moe_policy.integrations.vllm import facts, selection
+from tests.bundled import REPO
+from tests.integrations.vllm.harness import (
+    Case,
+    faked_platform,
+    grid,
+    lora_layer_outcome,
+    moe_config,
+    oracle_outcome,
+)
+
+#: The deliberate differences, as documented in docs/vllm.md ("Where moe_policy differs").
+DELIBERATE = {
+    "request_fallback_warns": "an explicit --moe-backend vLLM cannot build: vLLM fails start-up; "
+    "moe_policy (warn mode) falls back with a warning, strict mode refuses",
+    "lora_request_honoured": "LoRA with a feasible explicit --moe-backend: vLLM's LoRA branch "
+    "ignores it; moe_policy honours it",
+    "lora_unbuildable_refused": "LoRA where vLLM's LoRA branch returns TritonExperts without "
+    "checking it (CPU, too many experts, NVLink all2all): moe_policy picks a backend that "
+    "can run or refuses",
+    "lora_layer_refused": "LoRA under expert parallelism that vLLM's LoRA layer rejects later "
+    "in start-up: moe_policy refuses at selection, naming the constraint",
+}
+DOC = REPO / "docs" / "vllm.md"
+
+
+def reset() -> None:
+    """Forget selectors and what was reported (the parsed catalogs stay: they do not change)."""
+    STATE.selectors.clear()
+    STATE.reporting.clear()
+    STATE.engine_decisions.clear()
+
+
+def _plain(outcome: Any) -> tuple[str | None, str | None]:
+    backend, cls = outcome
+    return backend.name, getattr(cls, "__name__", None)
+
+
+def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]:
+    """((backend, class) | None, error) from the integration, under the case's fake."""
+    reset()
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("MOE_POLICY_")}
+    if strict:
+        os.environ["MOE_POLICY_MODE"] = "strict"
+    try:
+        with faked_platform(case), warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            try:
+                config = moe_config(case)
+            except Exception as exc:  # vLLM's config refuses: nothing to select
+                return None, f"config: {type(exc).__name__}: {exc}"
+            try:
+                return _plain(selection.select_unquantized_moe_backend(config)), None
+            except MoEPolicyError as exc:
+                return None, f"{type(exc).__name__}: {exc}"
+    finally:
+        os.environ.pop("MOE_POLICY_MODE", None)
+        os.environ.update(saved)
+
+
+def _dry_selector(case: Case) -> Selector:
+    env = dict(case.env)
+    aiter_on = env.get("VLLM_ROCM_USE_AITER", "0").lower() in ("1", "true")
+    aiter_moe = env.get("VLLM_ROCM_USE_AITER_MOE", "1").lower() in ("1", "true")
+    layer = SimpleNamespace(
+        activation=case.activation,
+        routing_method=SimpleNamespace(name=case.routing),
+        in_dtype={"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[
+            case.dtype
+        ],
+        num_experts=case.num_experts,
+        experts_per_token=case.top_k,
+        hidden_dim=case.hidden,
+        intermediate_size=case.intermediate,
+        has_bias=case.has_bias,
+        moe_backend=case.moe_backend,
+    )
+    capability = "%d.%d" % case.capability if case.platform == "cuda" and case.capability else None
+    explicit = [
+        *facts.deployment_entries(
+            SimpleNamespace(
+                moe_parallel_config=SimpleNamespace(
+                    dp_size=case.dp,
+                    pcp_size=1,
+                    use_ep=case.ep and case.tp * case.dp > 1,
+                    ep_size=case.tp * case.dp if case.ep and case.tp * case.dp > 1 else 1,
+                    tp_size=1 if case.ep and case.tp * case.dp > 1 else case.tp * case.dp,
+                    all2all_backend=case.all2all,
+                    enable_eplb=case.eplb,
+                    sp_size=case.tp if case.sp else 1,
+                ),
+                is_lora_enabled=case.lora,
+            )
+        ),
+    ]
+    from moe_policy.settings import Entry
+
+    origin = facts.vllm_origin("dry run")
+    explicit += [
+        Entry("rocm.aiter", case.aiter and not case.rdna and aiter_on and aiter_moe, origin),
+        Entry("cpu.arch", case.cpu_arch, origin),
+        Entry("cpu.amx", case.cpu_amx, origin),
+    ]
+    moonep = case.ep and case.tp * case.dp > 1 and case.dp > 1 and case.all2all == "moonep"
+    request = facts.request_entry(
+        case.moe_backend, platform=case.platform, lora=case.lora, moonep=moonep
+    )
+    if request is not None:
+        explicit.append(request)
+    return Selector(
+        facts.model_facts(layer),
+        explicit=explicit,
+        environ=env,
+        platform=PlatformFacts(
+            case.platform,
+            capability,
+            None,
+            ("flashinfer",) if case.flashinfer else (),
+            origin="api",
+        ),
+        engine="vllm==0.33",
+    )
+
+
+def ours_dry_run(case: Case) -> tuple[Any, str | None]:
+    """((backend, class) | None, error) from the vLLM profile alone (no vLLM objects)."""
+    reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            selector = _dry_selector(case)
+            decision = selector.select()
+        except MoEPolicyError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+    spec = selector.catalog.spec(str(decision.backend))
+    return (spec.engine_name, decision.experts_class), None
+
+
+def _triton_checks_fail(case: Case) -> bool:
+    """Whether vLLM's TritonExperts would reject the case, had the LoRA branch asked it."""
+    nvl = ("flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided")
+    all2all_kernels = case.ep and case.tp * case.dp > 1 and (case.dp > 1 or case.sp)
+    return (
+        case.platform not in ("cuda", "rocm", "xpu")
+        or (case.platform in ("cuda", "rocm") and -(-case.num_experts // 32) * 32 >= 1024)
+        or (all2all_kernels and case.all2all in nvl)
+        or (all2all_kernels and case.all2all == "moonep")
+        or case.activation == "relu2"  # gated relu2: not among TritonExperts' activations
+    )
+
+
+def classify(case: Case, vllm: Any, ours: tuple[Any, str | None], strict: Any = None) -> str:
+    """``agree``, a deliberate-difference code, or ``MISMATCH``."""
+    mine, error = ours
+    oracle = (vllm.backend, vllm.experts_class)
+    layer_error = lora_layer_outcome(case) if case.lora and vllm.error is None else None
+    if vllm.error is not None and mine is None:
+        return "agree"  # both refuse at selection
+    if layer_error is not None and mine is None and "cannot run this deployment" in str(error):
+        return "lora_layer_refused"
+    if mine is not None and mine == oracle and layer_error is None:
+        return "agree"
+    if case.lora:
+        if vllm.backend == "TRITON" and vllm.error is None and _triton_checks_fail(case):
+            return "lora_unbuildable_refused"
+        if case.moe_backend not in ("auto", "humming", "marlin") and mine is not None:
+            return "lora_request_honoured"
+    explicit = case.moe_backend not in ("auto", "humming", "marlin")
+    if explicit and vllm.error and "does not support the deployment" in vllm.error and mine:
+        # warn mode fell back; strict mode must refuse like vLLM
+        if strict is not None and strict[0] is None and "BackendOverrideError" in str(strict[1]):
+            return "request_fallback_warns"
+    return "MISMATCH"
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict[str, Any]]:
+    quiet = [logging.getLogger(name) for name in ("moe_policy", "vllm")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:  # thousands of decisions: their events are not what is tested here
+        logger.setLevel(logging.CRITICAL)
+    try:
+        return _results()
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+
+
+def _results() -> list[dict[str, Any]]:
+    rows = []
+    for case in grid():
+        vllm = oracle_outcome(case)
+        inside = ours_inside_vllm(case)
+        dry = ours_dry_run(case)
+        strict = None
+        if case.moe_backend not in ("auto", "humming", "marlin") and vllm.error:
+            strict = ours_inside_vllm(case, strict=True)
+        rows.append(
+            {
+                "case": case,
+                "vllm": vllm,
+                "inside": inside,
+                "dry": dry,
+                "inside_class": classify(case, vllm, inside, strict),
+                "dry_class": classify(case, vllm, dry, strict),
+            }
+        )
+    summary = {
+        mode: dict(collections.Counter(r[f"{mode}_class"] for r in rows))
+        for mode in ("inside", "dry")
+    }
+    print("\ndifferential:", len(rows), "cases;", json.dumps(summary, sort_keys=True))
+    return rows
+
+
+def _mismatches(rows: list[dict[str, Any]], mode: str) -> list[str]:
+    return [
+        f"{r['case'].name}: vLLM {r['vllm']} vs moe_policy {r[mode]}"
+        for r in rows
+        if r[f"{mode}_class"] == "MISMATCH"
+    ]
+
+
+def test_inside_vllm_agrees_except_documented_differences(results):
+    assert _mismatches(results, "inside")[:20] == []
+
+
+def test_dry_run_profile_agrees_except_documented_differences(results):
+    assert _mismatches(results, "dry")[:20] == []
+
+
+def test_every_documented_difference_is_seen_and_documented(results):
+    seen = {r["inside_class"] for r in results} | {r["dry_class"] for r in results}
+    text = DOC.read_text()
+    for code in DELIBERATE:
+        assert f"`{code}`" in text, code
+        assert code in seen, code
+    assert seen <= {"agree", *DELIBERATE}
+
+
+def test_strict_mode_refuses_every_request_vllm_refuses(results):
+    for r in results:
+        if r["inside_class"] == "request_fallback_warns":
+            strict = ours_inside_vllm(r["case"], strict=True)
+            assert strict[0] is None and "BackendOverrideError" in str(strict[1])
+            break
+
+
+def test_the_grid_is_broad(results):
+    cases = [r["case"] for r in results]
+    assert len(cases) >= 1000
+    assert {c.platform for c in cases} >= {"cuda", "rocm", "cpu", "xpu", "tpu", "oot"}
+    assert {c.capability for c in cases if c.platform == "cuda"} >= {
+        (8, 0),
+        (9, 0),
+        (10, 0),
+        (12, 0),
+    }
+    assert any(c.lora for c in cases) and any(c.ep for c in cases)

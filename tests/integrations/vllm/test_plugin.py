@@ -1,0 +1,212 @@
+"""The vLLM plugin through vLLM's own plugin loader and its own UnquantizedFusedMoEMethod.
+
+Only the platform, the FlashInfer/AITER probes and the environment are faked (as vLLM's
+own tests do); the loader, the method, the oracle and the experts classes are vLLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import entry_points
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import vllm.plugins
+from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
+
+from moe_policy import BackendOverrideError, BackendOverrideWarning, PolicyError
+from moe_policy.core.state import STATE
+from moe_policy.integrations.vllm import plugin, selection
+from tests.integrations.vllm.harness import Case, faked_platform, moe_config
+
+VLLM_SELECT = oracle.select_unquantized_moe_backend
+ENTRY = "moe_policy.integrations.vllm.plugin:register"
+#: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
+NEMOTRON_LORA = Case(
+    name="nemotron/h200/lora",
+    num_experts=128,
+    top_k=6,
+    hidden=2688,
+    intermediate=1856,
+    activation="relu2_no_mul",
+    routing="DeepSeekV3",
+    capability=(9, 0),
+    lora=True,
+)
+
+
+@pytest.fixture(scope="module")
+def installed_entry_point(tmp_path_factory) -> Iterator[None]:
+    """The ``moe_policy`` entry point in ``vllm.general_plugins`` (a package install has it;
+    a checkout on PYTHONPATH gets an equivalent distribution for the duration)."""
+    found = [e for e in entry_points(group="vllm.general_plugins") if e.name == "moe_policy"]
+    if found:
+        assert found[0].value == ENTRY
+        yield
+        return
+    root = tmp_path_factory.mktemp("dist")
+    info = root / "moe_policy_plugin-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: moe-policy-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nmoe_policy = {ENTRY}\n")
+    sys.path.insert(0, str(root))
+    yield
+    sys.path.remove(str(root))
+
+
+@pytest.fixture
+def clean(monkeypatch) -> Iterator[None]:
+    """No policy variables, a fresh loader, vLLM's own selector back after each test."""
+    for name in [n for n in os.environ if n.startswith("MOE_POLICY_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
+    STATE.selectors.clear()
+    STATE.reporting.clear()
+    yield
+    method.select_unquantized_moe_backend = VLLM_SELECT
+    oracle.select_unquantized_moe_backend = VLLM_SELECT
+    STATE.selectors.clear()
+
+
+def load_plugins(monkeypatch, selected: str | None = "moe_policy") -> None:
+    if selected is None:
+        monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PLUGINS", selected)
+    vllm.plugins.load_general_plugins()
+
+
+@contextmanager
+def layer_build(case: Case, env: dict[str, str]) -> Iterator[None]:
+    """vLLM's config context and the case's fake platform, with ``env`` set inside it."""
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    with set_current_vllm_config(config), faked_platform(case):
+        os.environ.update(env)
+        yield
+
+
+def build_method(case: Case, env: dict[str, str]) -> tuple[object, list[warnings.WarningMessage]]:
+    with layer_build(case, env), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = method.UnquantizedFusedMoEMethod(moe_config(case))
+    return built, caught
+
+
+pytestmark = pytest.mark.usefixtures("installed_entry_point", "clean")
+
+
+def test_the_loader_installs_the_selector_once(monkeypatch):
+    load_plugins(monkeypatch)
+    installed = method.select_unquantized_moe_backend
+    assert getattr(installed, plugin.MARK) is True
+    assert oracle.select_unquantized_moe_backend is installed
+    plugin.register()  # vLLM loads plugins in several places; a second call changes nothing
+    assert method.select_unquantized_moe_backend is installed
+
+
+def test_disabled_plugin_leaves_vllm_as_it_is(monkeypatch):
+    load_plugins(monkeypatch, selected="some_other_plugin")
+    assert method.select_unquantized_moe_backend is VLLM_SELECT
+    built, _ = build_method(NEMOTRON_LORA, {"MOE_POLICY_BACKEND": "flashinfer_cutlass"})
+    assert built.unquantized_backend is oracle.UnquantizedMoeBackend.TRITON
+
+
+def test_an_overridden_request_is_warned_audited_and_named(monkeypatch, tmp_path, caplog):
+    load_plugins(monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    env = {"MOE_POLICY_BACKEND": "flashinfer_cutlass", "MOE_POLICY_AUDIT_LOG": str(audit)}
+    built, caught = build_method(NEMOTRON_LORA, env)
+    assert built.unquantized_backend is oracle.UnquantizedMoeBackend.TRITON
+    assert built.experts_cls.__name__ == "TritonExperts"
+    [warning] = [w.message for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    assert warning.override.origin == "env:MOE_POLICY_BACKEND"
+    assert warning.override.reason_code.value == "lora_unsupported"
+    [line] = audit.read_text().splitlines()
+    record = json.loads(line)
+    assert (record["backend"], record["outcome"]) == ("triton", "overridden")
+    requested = record["requested"]
+    assert (requested["backend"], requested["origin"]) == (
+        "flashinfer_cutlass",
+        "env:MOE_POLICY_BACKEND",
+    )
+    assert record["context"]["engine"]["value"] == "vllm"
+
+
+def test_strict_mode_fails_the_layer_build_with_the_policy_message(monkeypatch):
+    load_plugins(monkeypatch)
+    env = {"MOE_POLICY_BACKEND": "flashinfer_cutlass", "MOE_POLICY_MODE": "strict"}
+    with pytest.raises(
+        BackendOverrideError, match=r"'flashinfer_cutlass' \(from env:MOE_POLICY_BACKEND\)"
+    ):
+        build_method(NEMOTRON_LORA, env)
+
+
+def test_a_typo_in_the_backend_variable_is_one_clear_error(monkeypatch):
+    load_plugins(monkeypatch)
+    with pytest.raises(
+        PolicyError, match=r"^env:MOE_POLICY_BACKEND: .*did you mean 'flashinfer_cutlass'"
+    ):
+        build_method(NEMOTRON_LORA, {"MOE_POLICY_BACKEND": "flashinfer_cutlas"})
+
+
+def test_a_broken_policy_file_names_its_line(monkeypatch, tmp_path):
+    load_plugins(monkeypatch)
+    policy = tmp_path / "serving.yaml"
+    policy.write_text("version: 1\nmode: stric\n")
+    with pytest.raises(PolicyError, match=r"serving.yaml:2:\d+"):
+        build_method(NEMOTRON_LORA, {"MOE_POLICY_FILES": str(policy)})
+
+
+def test_lora_with_deepep_low_latency_is_refused_at_selection(monkeypatch):
+    """vLLM 0.33's LoRA layer asserts allgather_reducescatter under EP; the plugin says so at
+    selection, naming where the all2all kind came from."""
+    load_plugins(monkeypatch)
+    case = Case(
+        name="qwen3/lora/ep-ll", num_experts=128, top_k=8, hidden=2048, intermediate=768,
+        activation="silu", routing="Renormalize", lora=True, ep=True, dp=2,
+        all2all="deepep_low_latency",
+    )  # fmt: skip
+    with pytest.raises(
+        PolicyError, match=r"^vllm:parallel_config.all2all_backend: .*allgather_reducescatter"
+    ):
+        build_method(case, {})
+
+
+def test_layers_with_one_signature_share_one_resolution(monkeypatch):
+    load_plugins(monkeypatch)
+    with layer_build(NEMOTRON_LORA, {}):
+        config = moe_config(NEMOTRON_LORA)
+        for _ in range(48):
+            method.UnquantizedFusedMoEMethod(config)
+    [selector] = [s for k, s in STATE.selectors.items() if k[0] == "vllm"]
+    assert selector.resolver.resolutions == 1
+    assert len(selection.decisions()) == 48
+
+
+def test_events_reach_vllms_handler(monkeypatch, capsys):
+    import logging
+
+    load_plugins(monkeypatch)
+    vllm_logger = logging.getLogger("vllm")
+    handler = logging.StreamHandler(sys.stderr)
+    monkeypatch.setattr(vllm_logger, "handlers", [handler])
+    moe_logger = logging.getLogger("moe_policy")
+    monkeypatch.setattr(moe_logger, "handlers", [])
+    monkeypatch.setattr(moe_logger, "propagate", True)
+    monkeypatch.setattr(moe_logger, "level", logging.NOTSET)
+    import structlog
+
+    structlog.reset_defaults()
+    build_method(NEMOTRON_LORA, {"MOE_POLICY_BACKEND": "flashinfer_cutlass"})
+    err = capsys.readouterr().err
+    assert "moe_policy.request_overridden" in err and "reason_code=lora_unsupported" in err
+    assert "moe_policy.decision" in err
