@@ -104,7 +104,8 @@ def _dry_selector(case: Case) -> Selector:
         has_bias=case.has_bias,
         moe_backend=case.moe_backend,
     )
-    capability = "%d.%d" % case.capability if case.platform == "cuda" and case.capability else None
+    cap = case.capability
+    capability = f"{cap[0]}.{cap[1]}" if case.platform == "cuda" and cap else None
     explicit = [
         *facts.deployment_entries(
             SimpleNamespace(
@@ -195,10 +196,15 @@ def classify(case: Case, vllm: Any, ours: tuple[Any, str | None], strict: Any = 
         if case.moe_backend not in ("auto", "humming", "marlin") and mine is not None:
             return "lora_request_honoured"
     explicit = case.moe_backend not in ("auto", "humming", "marlin")
-    if explicit and vllm.error and "does not support the deployment" in vllm.error and mine:
-        # warn mode fell back; strict mode must refuse like vLLM
-        if strict is not None and strict[0] is None and "BackendOverrideError" in str(strict[1]):
-            return "request_fallback_warns"
+    vllm_refused_request = (
+        explicit and vllm.error and "does not support the deployment" in vllm.error
+    )
+    # warn mode fell back; strict mode must refuse like vLLM
+    strict_refused = (
+        strict is not None and strict[0] is None and "BackendOverrideError" in str(strict[1])
+    )
+    if vllm_refused_request and mine and strict_refused:
+        return "request_fallback_warns"
     return "MISMATCH"
 
 
@@ -211,7 +217,7 @@ def results() -> list[dict[str, Any]]:
     try:
         return _results()
     finally:
-        for logger, level in zip(quiet, levels):
+        for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
 
 
