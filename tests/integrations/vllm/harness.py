@@ -1,0 +1,679 @@
+"""vLLM 0.33's real unquantized fused-MoE backend selection, run on a CPU machine under a fake platform.
+
+Test support for the differential test of moe_policy against vLLM: it imports vllm and so works
+only in the environment that ``scripts/vllm_env.sh`` builds. A :class:`Case` describes one
+deployment (model shape, platform, parallel layout, LoRA, ``moe_backend``, env);
+:func:`oracle_outcome` builds vLLM's ``FusedMoEConfig`` for it by keyword and runs vLLM's own
+``select_unquantized_moe_backend`` with ``current_platform`` and the probes it consults faked
+(:func:`faked_platform`); :func:`lora_layer_outcome` evaluates what vLLM's fused-MoE LoRA layer
+would then refuse; :func:`grid` is a broad, deterministic set of cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import vllm.envs as envs
+import vllm.logger as vllm_logger
+
+# xpu_moe imports vllm_xpu_kernels at import time when the platform is XPU: import every experts
+# module the oracle may pick while the platform is still the real one, so that no import happens
+# under a fake (an import under a fake could also snapshot faked state).
+import vllm.model_executor.layers.fused_moe.experts.cpu_moe
+import vllm.model_executor.layers.fused_moe.experts.flashinfer_cutlass_moe
+import vllm.model_executor.layers.fused_moe.experts.fused_batched_moe
+import vllm.model_executor.layers.fused_moe.experts.moonep_experts
+import vllm.model_executor.layers.fused_moe.experts.rocm_aiter_moe
+import vllm.model_executor.layers.fused_moe.experts.triton_moe
+import vllm.model_executor.layers.fused_moe.experts.trtllm_bf16_moe
+import vllm.model_executor.layers.fused_moe.experts.trtllm_lora_moe
+import vllm.model_executor.layers.fused_moe.experts.xpu_moe
+import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
+import vllm.platforms
+import vllm.utils.flashinfer as vllm_flashinfer
+from vllm import _aiter_ops
+from vllm._aiter_ops import rocm_aiter_ops
+from vllm.config.parallel import All2AllBackend
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.config import (
+    FusedMoEConfig,
+    FusedMoEParallelConfig,
+    RoutingMethodType,
+)
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+    UnquantizedFusedMoEMethod,
+)
+from vllm.platforms import CpuArchEnum
+from vllm.platforms.interface import DeviceCapability, PlatformEnum
+
+# The function itself, taken before anything (a plugin under test) can rebind the module's name.
+_SELECT = oracle.select_unquantized_moe_backend
+assert _SELECT.__module__ == oracle.__name__, "vLLM's selector is already patched"
+
+PLATFORM = vllm.platforms.current_platform  # the singleton every vLLM module imported by name
+
+_PLATFORM_ENUMS = {
+    "cuda": PlatformEnum.CUDA,
+    "rocm": PlatformEnum.ROCM,
+    "cpu": PlatformEnum.CPU,
+    "xpu": PlatformEnum.XPU,
+    "tpu": PlatformEnum.TPU,
+    "oot": PlatformEnum.OOT,
+}
+_CPU_ARCHS = {"x86": CpuArchEnum.X86, "arm": CpuArchEnum.ARM, "power": CpuArchEnum.POWERPC}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+ALL2ALL_BACKENDS: tuple[str, ...] = typing.get_args(All2AllBackend)
+# ParallelConfig.__post_init__ rewrites these removed backends (config/parallel.py:537-543).
+_REMOVED_ALL2ALL = ("naive", "pplx")
+
+# The availability probes FlashInfer experts ask; modules bind them by name, so each binding of
+# these function objects in a loaded vllm module is replaced (see _probe_bindings).
+_FLASHINFER_PROBES = (
+    vllm_flashinfer.has_flashinfer_trtllm_fused_moe,
+    vllm_flashinfer.has_flashinfer_cutlass_fused_moe,
+)
+_ONCE_CACHES = tuple(
+    getattr(vllm_logger, f"_print_{level}_once") for level in ("debug", "info", "warning", "error")
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One deployment of one MoE layer, as vLLM would see it at backend-selection time."""
+
+    name: str  # readable id
+    num_experts: int
+    top_k: int
+    hidden: int
+    intermediate: int  # whole-model I (not per partition)
+    activation: str  # vLLM MoEActivation value: "silu", "relu2_no_mul", "swigluoai", ...
+    routing: str  # RoutingMethodType name: "Renormalize", "DeepSeekV3", "TopK", "Llama4", ...
+    dtype: str = "bf16"  # bf16 | fp16 | fp32
+    platform: str = "cuda"  # cuda | rocm | cpu | xpu | tpu | oot
+    capability: tuple[int, int] | None = (9, 0)
+    flashinfer: bool = True  # both FlashInfer probes (trtllm fused moe, cutlass fused moe) say yes
+    # ROCm: the AITER library is installed (vllm._aiter_ops.IS_AITER_FOUND); with rdna=False the
+    # GPU is also CDNA3+, so is_aiter_found_and_supported() holds. With rdna=True the GPU is gfx12:
+    # is_aiter_found_and_supported() is False and is_rdna_aiter_enabled() follows the env.
+    aiter: bool = False
+    rdna: bool = False  # ROCm gfx12 (on_rdna4)
+    cpu_arch: str = "x86"  # x86 | arm | power
+    cpu_amx: bool = False
+    tp: int = 1
+    dp: int = 1
+    ep: bool = False
+    all2all: str = "allgather_reducescatter"
+    eplb: bool = False
+    sp: bool = False
+    lora: bool = False
+    moe_backend: str = "auto"
+    env: tuple[tuple[str, str], ...] = ()  # VLLM_ROCM_USE_AITER, VLLM_BATCH_INVARIANT, ...
+    has_bias: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What vLLM's selector did: the backend enum name and experts class, or the error it raised."""
+
+    backend: str | None  # UnquantizedMoeBackend member name, e.g. "TRITON", "FLASHINFER_TRTLLM"
+    experts_class: str | None  # experts class __name__; None for TPU/OOT or on error
+    error: str | None  # "<ExceptionType>: <message>" from building the config or from selecting
+
+
+# --- configs -------------------------------------------------------------------------------------
+
+
+def parallel_config(case: Case) -> FusedMoEParallelConfig:
+    """The FusedMoEParallelConfig that ``FusedMoEParallelConfig.make`` gives on rank 0.
+
+    Mirrors make() (fused_moe/config.py:1116-1245) with pcp=1: EP only when asked for and more
+    than one rank; without EP the TP group is flattened across DP (tp_size = tp*dp, ep_size 1),
+    with EP every rank holds experts (tp_size 1, ep_size = tp*dp). sp_size is tp under sequence
+    parallelism (fused_moe/layer.py:59). Removed all2all backends become allgather_reducescatter
+    as ParallelConfig does; an unknown name is refused, as ParallelConfig's validation would.
+    """
+    if case.all2all not in ALL2ALL_BACKENDS:
+        raise ValueError(f"unknown all2all backend {case.all2all!r}; vLLM knows {ALL2ALL_BACKENDS}")
+    all2all = "allgather_reducescatter" if case.all2all in _REMOVED_ALL2ALL else case.all2all
+    ranks = case.tp * case.dp
+    use_ep = case.ep and ranks > 1
+    return FusedMoEParallelConfig(
+        tp_size=1 if use_ep else ranks,
+        tp_rank=0,
+        pcp_size=1,
+        pcp_rank=0,
+        dp_size=case.dp,
+        dp_rank=0,
+        ep_size=ranks if use_ep else 1,
+        ep_rank=0,
+        sp_size=case.tp if case.sp else 1,
+        use_ep=use_ep,
+        all2all_backend=all2all,
+        enable_eplb=case.eplb,
+    )
+
+
+def moe_config(case: Case) -> FusedMoEConfig:
+    """vLLM's FusedMoEConfig for the case, built by keyword as fused_moe/layer.py:361 builds it.
+
+    Call it inside ``faked_platform(case)``: ``__post_init__`` reads the platform and the AITER
+    state, and raises NotImplementedError for non-gated activations off CUDA/ROCm/XPU.
+    """
+    parallel = parallel_config(case)
+    return FusedMoEConfig(
+        num_experts=case.num_experts,
+        experts_per_token=case.top_k,
+        hidden_dim=case.hidden,
+        intermediate_size=case.intermediate,
+        num_local_experts=math.ceil(case.num_experts / parallel.ep_size),
+        num_logical_experts=case.num_experts,
+        activation=MoEActivation.from_str(case.activation),
+        device="cpu",
+        routing_method=RoutingMethodType[case.routing],
+        moe_parallel_config=parallel,
+        in_dtype=_DTYPES[case.dtype],
+        moe_backend=case.moe_backend,  # type: ignore[arg-type]
+        is_lora_enabled=case.lora,
+        has_bias=case.has_bias,
+    )
+
+
+# --- the fake platform ---------------------------------------------------------------------------
+
+_ABSENT = object()
+
+
+def _set(stack: ExitStack, obj: Any, name: str, value: Any) -> None:
+    """Set obj.name for the life of ``stack``; an attribute obj did not hold itself is removed."""
+    old = vars(obj).get(name, _ABSENT)
+    setattr(obj, name, value)
+    if old is _ABSENT:
+        stack.callback(delattr, obj, name)
+    else:
+        stack.callback(setattr, obj, name, old)
+
+
+_probe_scan: tuple[int, list[tuple[types.ModuleType, str]]] = (-1, [])
+
+
+def _probe_bindings() -> list[tuple[types.ModuleType, str, Callable[[], bool]]]:
+    """Every (module, name) in a loaded vllm module bound to one of the FlashInfer probes.
+
+    Scanning sys.modules costs milliseconds, so the modules holding a binding are remembered and
+    scanned again only when the number of loaded modules changes; each remembered binding is
+    checked to still be the probe itself.
+    """
+    global _probe_scan
+    if _probe_scan[0] != len(sys.modules):
+        holders = []
+        for module_name, module in list(sys.modules.items()):
+            if module is None or not (module_name == "vllm" or module_name.startswith("vllm.")):
+                continue
+            namespace = vars(module)
+            holders += [(module, p.__name__) for p in _FLASHINFER_PROBES if p.__name__ in namespace]
+        _probe_scan = (len(sys.modules), holders)
+    probes = {probe.__name__: probe for probe in _FLASHINFER_PROBES}
+    return [
+        (module, name, probes[name])
+        for module, name in _probe_scan[1]
+        if vars(module).get(name) is probes[name]
+    ]
+
+
+def _restore_environ(saved: dict[str, str]) -> None:
+    for key in [k for k in os.environ if k not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+def _aiter_class_state() -> dict[str, Any]:
+    """rocm_aiter_ops' snapshotted settings (refresh_env_variables rewrites them)."""
+    return {
+        key: value
+        for key, value in vars(rocm_aiter_ops).items()
+        if key.startswith("_")
+        and not key.startswith("__")
+        and not isinstance(value, (classmethod, staticmethod, property, types.FunctionType))
+    }
+
+
+def _restore_aiter_class_state(saved: dict[str, Any]) -> None:
+    for key, value in saved.items():
+        setattr(rocm_aiter_ops, key, value)
+
+
+@contextmanager
+def faked_platform(case: Case) -> Iterator[None]:
+    """vLLM sees the case's platform, GPU, libraries and environment; all restored on exit.
+
+    * ``current_platform`` (the singleton object every module imported by name): ``_enum`` (so
+      every ``is_*`` and ``is_cuda_alike`` agree), ``device_name``, and at class level
+      ``get_device_capability`` (the capability helpers are classmethods that call it) and
+      ``get_cpu_architecture``; ``torch.cpu._is_amx_tile_supported``.
+    * The FlashInfer probes, in every loaded vllm module that imported them by name.
+    * AITER: ``vllm._aiter_ops.IS_AITER_FOUND``; on ROCm a stub ``vllm.platforms.rocm`` module
+      (``get_cdna_version``, ``on_rdna4``; the real one needs a GPU to import); then
+      ``rocm_aiter_ops.refresh_env_variables()`` once the environment is set.
+    * ``os.environ``: every ``VLLM_*`` variable is removed and ``case.env`` set, so the outcome
+      depends on the case alone; the whole environment is put back on exit (refreshing AITER
+      also writes ``AITER_SITUV2_*``). vLLM's env cache, if enabled, is off meanwhile.
+    * vLLM's ``*_once`` logging caches are cleared, so each case logs what it would alone.
+    """
+    if case.platform not in _PLATFORM_ENUMS:
+        raise ValueError(
+            f"unknown platform {case.platform!r}; expected one of {list(_PLATFORM_ENUMS)}"
+        )
+    capability = DeviceCapability(*case.capability) if case.capability is not None else None
+    arch = _CPU_ARCHS[case.cpu_arch]
+    amx = case.cpu_amx
+    fi = case.flashinfer
+    saved_environ = dict(os.environ)
+    saved_aiter = _aiter_class_state()
+    envs_cached = envs._is_envs_cache_enabled()
+    with ExitStack() as stack:
+        # Callbacks run last-registered first: the environment comes back after every attribute,
+        # then vLLM's env cache (which reads the environment as it is then), then AITER's state.
+        stack.callback(_restore_aiter_class_state, saved_aiter)
+        if envs_cached:
+            envs.disable_envs_cache()
+            stack.callback(envs.enable_envs_cache)
+        stack.callback(_restore_environ, saved_environ)
+
+        platform_cls = type(PLATFORM)
+        _set(stack, PLATFORM, "_enum", _PLATFORM_ENUMS[case.platform])
+        _set(stack, PLATFORM, "device_name", case.platform)
+        _set(
+            stack,
+            platform_cls,
+            "get_device_capability",
+            classmethod(lambda cls, device_id=0: capability),
+        )
+        _set(stack, platform_cls, "get_cpu_architecture", classmethod(lambda cls: arch))
+        _set(stack, torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        for module, name, _probe in _probe_bindings():
+            _set(stack, module, name, lambda: fi)
+
+        _set(stack, _aiter_ops, "IS_AITER_FOUND", case.aiter)
+        if case.platform == "rocm":
+            rocm = types.ModuleType("vllm.platforms.rocm")
+            rocm.get_cdna_version = lambda: 0 if case.rdna else 3  # type: ignore[attr-defined]
+            rocm.on_rdna4 = lambda: case.rdna  # type: ignore[attr-defined]
+            old = sys.modules.get(rocm.__name__)
+            sys.modules[rocm.__name__] = rocm
+            if old is None:
+                stack.callback(sys.modules.pop, rocm.__name__, None)
+            else:
+                stack.callback(sys.modules.__setitem__, rocm.__name__, old)
+
+        for key in [k for k in os.environ if k.startswith("VLLM_")]:
+            del os.environ[key]
+        os.environ.update(dict(case.env))
+        rocm_aiter_ops.refresh_env_variables()
+
+        for cache in _ONCE_CACHES:
+            cache.cache_clear()
+        yield
+
+
+# --- outcomes ------------------------------------------------------------------------------------
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _select(case: Case) -> tuple[Any, type | None, str | None]:
+    """(backend enum, experts class, None) or (None, None, error) for the case."""
+    with faked_platform(case):
+        try:
+            config = moe_config(case)
+            backend, experts = _SELECT(moe_config=config)
+        except Exception as exc:
+            return None, None, _error(exc)
+    return backend, experts, None
+
+
+def oracle_outcome(case: Case) -> Outcome:
+    """Run vLLM's own select_unquantized_moe_backend for the case under its fake platform."""
+    backend, experts, error = _select(case)
+    if error is not None:
+        return Outcome(None, None, error)
+    return Outcome(backend.name, experts.__name__ if experts is not None else None, None)
+
+
+_LORA_EP_A2A = "allgather_reducescatter"
+
+
+def _method_is_monolithic(experts: type | None) -> bool:
+    """vLLM's own ``FusedMoEMethodBase.is_monolithic`` for a method that chose ``experts``.
+
+    Read on a bare UnquantizedFusedMoEMethod holding only what that property reads (no kernel
+    built: it then asks ``experts_cls.is_monolithic()``, as the built kernel would). With no
+    experts class (TPU/OOT) the property's AttributeError reaches torch's Module.__getattr__,
+    which raises its own AttributeError, exactly as on the real layer.
+    """
+    method = object.__new__(UnquantizedFusedMoEMethod)
+    vars(method).update(moe_kernel=None, experts_cls=experts)
+    return bool(method.is_monolithic)
+
+
+def lora_layer_outcome(case: Case) -> str | None:
+    """The error vLLM's FusedMoEWithLoRA would raise for the oracle's pick, or None if it builds.
+
+    Re-implements, in order, the checks of ``FusedMoEWithLoRA.__init__``
+    (vllm/lora/layers/fused_moe.py:31-88) without building a layer, with vLLM's own code for
+    each answer (``is_monolithic``, the experts class's ``supports_lora()``):
+
+    1. ``_ep_check`` under EP: all2all must be allgather_reducescatter; no sequence parallelism
+       (a bare assert in vLLM: reported with its expression);
+    2. monolithic experts are refused. With no experts class (TPU/OOT) this check itself fails
+       with an AttributeError, so the later "Old-style modular kernel not supported."
+       RuntimeError is never reached for unquantized layers;
+    3. the experts must ``supports_lora()``.
+
+    Returns ``"<ExceptionType>: <message>"``. None when the layer would build, when the case has
+    no LoRA (no LoRA layer is made) and when the oracle itself already fails (see oracle_outcome).
+    """
+    if not case.lora:
+        return None
+    _, experts, error = _select(case)
+    if error is not None:
+        return None
+    parallel = parallel_config(case)
+    if parallel.use_ep:
+        if parallel.all2all_backend != _LORA_EP_A2A:
+            return (
+                "AssertionError: Fused MoE LoRA with EP currently only supports "
+                f"all2all_backend='{_LORA_EP_A2A}', got '{parallel.all2all_backend}'."
+            )
+        if parallel.is_sequence_parallel:
+            return "AssertionError: assert not moe_config.moe_parallel_config.is_sequence_parallel"
+    try:
+        monolithic = _method_is_monolithic(experts)
+    except AttributeError as exc:
+        return _error(exc)
+    if monolithic:
+        return "AssertionError: Monolithic kernels are not supported for Fused MoE LoRA."
+    assert experts is not None
+    if not experts.supports_lora():
+        return (
+            f"AssertionError: {experts.__name__} does not support LoRA. "
+            "For unquantized MoE, set moe_backend='triton' or moe_backend='auto' "
+            "(auto selects Triton automatically when LoRA is enabled). "
+            "For quantized MoE, mix LoRAExpertsMixin into the experts class "
+            "and consume self._lora_context in apply()."
+        )
+    return None
+
+
+# --- the grid ------------------------------------------------------------------------------------
+
+# Routed-expert shapes of real models (hidden, whole-model intermediate, activation, routing as
+# the model's router reports it to the kernel).
+MODELS: dict[str, dict[str, Any]] = {
+    "mixtral-8x7b": dict(
+        num_experts=8,
+        top_k=2,
+        hidden=4096,
+        intermediate=14336,
+        activation="silu",
+        routing="Renormalize",
+    ),
+    "qwen3-30b-a3b": dict(
+        num_experts=128,
+        top_k=8,
+        hidden=2048,
+        intermediate=768,
+        activation="silu",
+        routing="Renormalize",
+    ),
+    "nemotron-3-nano": dict(
+        num_experts=128,
+        top_k=6,
+        hidden=2688,
+        intermediate=1856,
+        activation="relu2_no_mul",
+        routing="DeepSeekV3",  # sigmoid + score bias + grouped top-k
+    ),
+    "deepseek-v3": dict(
+        num_experts=256,
+        top_k=8,
+        hidden=7168,
+        intermediate=2048,
+        activation="silu",
+        routing="DeepSeekV3",
+    ),
+    "gpt-oss-20b": dict(
+        num_experts=32,
+        top_k=4,
+        hidden=2880,
+        intermediate=2880,
+        activation="swigluoai",
+        routing="Renormalize",
+        has_bias=True,
+    ),
+    "llama-4-scout": dict(
+        num_experts=16, top_k=1, hidden=5120, intermediate=8192, activation="silu", routing="Llama4"
+    ),
+}
+
+_AITER_ON = (("VLLM_ROCM_USE_AITER", "1"),)
+PLATFORMS: dict[str, dict[str, Any]] = {
+    **{
+        f"cuda{major}.{minor}{'+fi' if fi else ''}": dict(
+            platform="cuda", capability=(major, minor), flashinfer=fi
+        )
+        for major, minor in ((8, 0), (9, 0), (10, 0), (11, 0), (12, 0))
+        for fi in (False, True)
+    },
+    "rocm": dict(platform="rocm", capability=(9, 4), flashinfer=False),
+    "rocm+aiter": dict(platform="rocm", capability=(9, 4), flashinfer=False, aiter=True),
+    "rocm+aiter+env": dict(
+        platform="rocm", capability=(9, 4), flashinfer=False, aiter=True, env=_AITER_ON
+    ),
+    "rocm+aiter+env+moe0": dict(
+        platform="rocm",
+        capability=(9, 4),
+        flashinfer=False,
+        aiter=True,
+        env=(*_AITER_ON, ("VLLM_ROCM_USE_AITER_MOE", "0")),
+    ),
+    "rocm+aiter+env0+moe1": dict(
+        platform="rocm",
+        capability=(9, 4),
+        flashinfer=False,
+        aiter=True,
+        env=(("VLLM_ROCM_USE_AITER", "0"), ("VLLM_ROCM_USE_AITER_MOE", "1")),
+    ),
+    "rocm+rdna": dict(platform="rocm", capability=(12, 0), flashinfer=False, aiter=True, rdna=True),
+    "rocm+rdna+env": dict(
+        platform="rocm", capability=(12, 0), flashinfer=False, aiter=True, rdna=True, env=_AITER_ON
+    ),
+    "cpu-x86": dict(platform="cpu", capability=None, flashinfer=False),
+    "cpu-x86-amx": dict(platform="cpu", capability=None, flashinfer=False, cpu_amx=True),
+    "cpu-arm": dict(platform="cpu", capability=None, flashinfer=False, cpu_arch="arm"),
+    "cpu-power": dict(platform="cpu", capability=None, flashinfer=False, cpu_arch="power"),
+    "xpu": dict(platform="xpu", capability=None, flashinfer=False),
+    "tpu": dict(platform="tpu", capability=None, flashinfer=False),
+    "oot": dict(platform="oot", capability=None, flashinfer=False),
+}
+_CUDA = [name for name in PLATFORMS if name.startswith("cuda")]
+# Platforms where the parallel layout and the backends' device checks matter.
+_PARALLEL_PLATFORMS = [*_CUDA, "rocm", "rocm+aiter+env", "rocm+rdna+env", "xpu", "cpu-x86"]
+
+EP_ALL2ALL = (
+    "allgather_reducescatter",
+    "deepep_high_throughput",
+    "deepep_low_latency",
+    "nixl_ep",
+    "moonep",
+    "flashinfer_nvlink_two_sided",
+    "flashinfer_nvlink_one_sided",
+    "mori_low_latency",
+    "passthrough",
+)
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "tp1": {},
+    "tp2": dict(tp=2),
+    "tp2dp2": dict(tp=2, dp=2),  # no EP: one TP group of 4
+    "ep-tp2": dict(tp=2, ep=True),  # EP without DP: no all2all kernels
+    **{f"ep-dp2-{a2a}": dict(dp=2, ep=True, all2all=a2a) for a2a in EP_ALL2ALL},
+    "ep-dp2+eplb": dict(dp=2, ep=True, eplb=True),
+    "ep-tp2+eplb": dict(tp=2, ep=True, eplb=True),
+    # Sequence-parallel MoE: vLLM turns it on for EP with tp>1 and dp>1 (use_sequence_parallel_moe).
+    **{
+        f"ep-tp2dp2-{a2a}+sp": dict(tp=2, dp=2, ep=True, sp=True, all2all=a2a)
+        for a2a in ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency")
+    },
+}
+MOE_BACKENDS = (
+    "triton",
+    "batched_triton",
+    "flashinfer_cutlass",
+    "flashinfer_trtllm",
+    "aiter",
+    "humming",
+    "marlin",
+    "deep_gemm",
+)
+ACTIVATIONS = tuple(member.value for member in MoEActivation)
+ROUTINGS = tuple(member.name for member in RoutingMethodType)
+_BATCH_INVARIANT = (("VLLM_BATCH_INVARIANT", "1"),)
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Case)}
+
+
+def _case(
+    model: str,
+    platform: str,
+    layout: str = "tp1",
+    *,
+    lora: bool = False,
+    moe_backend: str = "auto",
+    dtype: str = "bf16",
+    env: tuple[tuple[str, str], ...] = (),
+    **fields: Any,
+) -> Case:
+    """A case named after its parts: model/platform/layout[/lora][/be=...][/dtype][/env][/k=v]."""
+    spec = {**MODELS[model], **PLATFORMS[platform], **LAYOUTS[layout]}
+    # Only fields that change something are named (and so a case gets one name).
+    fields = {key: value for key, value in fields.items() if spec.get(key, _DEFAULTS[key]) != value}
+    spec.update(fields)
+    parts = [model, platform, layout]
+    if lora:
+        parts.append("lora")
+    if moe_backend != "auto":
+        parts.append(f"be={moe_backend}")
+    if dtype != "bf16":
+        parts.append(dtype)
+    parts += [f"{key}={value}" for key, value in env]
+    parts += [f"{key}={value}" for key, value in sorted(fields.items())]
+    spec["env"] = (*spec.get("env", ()), *env)
+    return Case(name="/".join(parts), lora=lora, moe_backend=moe_backend, dtype=dtype, **spec)
+
+
+def _subgrids() -> Iterator[Case]:
+    # Every model on every platform, with and without LoRA.
+    for model in MODELS:
+        for platform in PLATFORMS:
+            for lora in (False, True):
+                yield _case(model, platform, lora=lora)
+    # Parallel layouts on the platforms where they matter, with and without LoRA.
+    for model in MODELS:
+        for layout in LAYOUTS:
+            for platform in _PARALLEL_PLATFORMS:
+                yield _case(model, platform, layout)
+            for platform in (
+                "cuda9.0+fi",
+                "cuda10.0",
+                "cuda10.0+fi",
+                "cuda12.0+fi",
+                "rocm+aiter+env",
+                "xpu",
+                "cpu-x86",
+            ):
+                yield _case(model, platform, layout, lora=True)
+    # Explicit moe_backend: per platform, under all2all layouts, and with LoRA.
+    for model in MODELS:
+        for backend in MOE_BACKENDS:
+            for platform in [*_PARALLEL_PLATFORMS, "tpu", "oot"]:
+                yield _case(model, platform, moe_backend=backend)
+            for platform in ("cuda9.0+fi", "cuda10.0+fi"):
+                for layout in (
+                    "ep-dp2-allgather_reducescatter",
+                    "ep-dp2-deepep_low_latency",
+                    "ep-dp2-moonep",
+                ):
+                    yield _case(model, platform, layout, moe_backend=backend)
+            for platform in ("cuda9.0", "cuda10.0+fi", "cpu-x86"):
+                yield _case(model, platform, lora=True, moe_backend=backend)
+    # Environment: batch invariance everywhere; the AITER switches off ROCm too (vLLM reads them
+    # on every platform).
+    for model in MODELS:
+        for platform in PLATFORMS:
+            yield _case(model, platform, env=_BATCH_INVARIANT)
+        for platform in ("cuda9.0+fi", "cuda10.0+fi", "cpu-x86", "xpu"):
+            yield _case(model, platform, env=_AITER_ON)
+            yield _case(model, platform, env=(*_AITER_ON, ("VLLM_ROCM_USE_AITER_MOE", "0")))
+    # Activation dtypes.
+    for model in MODELS:
+        for dtype in ("fp16", "fp32"):
+            for platform in (
+                "cpu-x86",
+                "cpu-x86-amx",
+                "cpu-arm",
+                "cpu-power",
+                "cuda9.0",
+                "cuda10.0+fi",
+                "xpu",
+                "rocm+aiter+env",
+            ):
+                yield _case(model, platform, dtype=dtype)
+    # Every activation and every routing method on one shape.
+    for activation in ACTIVATIONS:
+        for platform in (
+            "cuda9.0+fi",
+            "cuda10.0+fi",
+            "cuda12.0+fi",
+            "rocm+aiter+env",
+            "cpu-x86",
+            "cpu-x86-amx",
+            "xpu",
+        ):
+            yield _case("mixtral-8x7b", platform, activation=activation)
+        yield _case("mixtral-8x7b", "cuda10.0+fi", lora=True, activation=activation)
+    for routing in ROUTINGS:
+        for lora in (False, True):
+            yield _case("mixtral-8x7b", "cuda10.0+fi", lora=lora, routing=routing)
+    # The removed all2all backends, which vLLM rewrites to allgather_reducescatter.
+    for model in MODELS:
+        for a2a in _REMOVED_ALL2ALL:
+            yield _case(model, "cuda10.0+fi", "ep-dp2-allgather_reducescatter", all2all=a2a)
+
+
+def grid() -> list[Case]:
+    """A broad, deterministic grid: the union of the sub-grids above, first occurrence kept."""
+    seen: dict[Case, Case] = {}
+    for case in _subgrids():
+        seen.setdefault(replace(case, name=""), case)  # the same deployment under another name
+    cases = list(seen.values())
+    names = [case.name for case in cases]
+    assert len(set(names)) == len(names), "grid case names must be unique"
+    return cases
+
+
+def with_fields(case: Case, **fields: Any) -> Case:
+    """A copy of the case with fields changed (the name says so)."""
+    suffix = ",".join(f"{key}={value}" for key, value in sorted(fields.items()))
+    return replace(case, name=f"{case.name}[{suffix}]", **fields)
