@@ -210,3 +210,28 @@ def test_events_reach_vllms_handler(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "moe_policy.request_overridden" in err and "reason_code=lora_unsupported" in err
     assert "moe_policy.decision" in err
+
+
+def test_the_cost_benchmark_runs_and_writes_its_figures(tmp_path):
+    import subprocess
+
+    out = tmp_path / "cost.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.vllm_plugin",
+            "--layers",
+            "4",
+            "--loads",
+            "2",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(out.read_text())
+    assert result["layers"] == 4 and result["loads"] == 2
+    assert result["plugin_ms_median"] > 0 and result["vllm_ms_median"] > 0

@@ -1,0 +1,85 @@
+"""What the vLLM plugin costs per model load: 48 MoE layers of one signature, selected by
+vLLM 0.33's own oracle and by the plugin, on the CPU (a faked H200, as in the tests).
+
+    .venv-vllm/bin/python -m benchmarks.vllm_plugin [--layers 48] [--loads 20] [--out FILE]
+
+Needs the environment of ``make test-vllm``. Each "load" starts from an empty selector cache,
+so the plugin's figure includes building its selector (settings, context, one resolution).
+Prints the median per load; ``--out`` writes the numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+from vllm.model_executor.layers.fused_moe.oracle.unquantized import (
+    select_unquantized_moe_backend as vllm_select,
+)
+
+from moe_policy.core.state import STATE
+from moe_policy.integrations.vllm.selection import select_unquantized_moe_backend
+from tests.integrations.vllm.harness import Case, faked_platform, moe_config
+
+QWEN3_H200 = Case(
+    name="qwen3-30b-a3b/h200",
+    num_experts=128,
+    top_k=8,
+    hidden=2048,
+    intermediate=768,
+    activation="silu",
+    routing="Renormalize",
+    capability=(9, 0),
+)
+
+
+def time_loads(select: object, layers: int, loads: int) -> list[float]:
+    """Milliseconds per load of ``layers`` selections (fresh moe_policy caches each load)."""
+    times = []
+    with faked_platform(QWEN3_H200), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = moe_config(QWEN3_H200)
+        for _ in range(loads):
+            STATE.selectors.clear()
+            STATE.reporting.clear()
+            start = time.perf_counter()
+            for _ in range(layers):
+                select(moe_config=config)  # type: ignore[operator]
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--loads", type=int, default=20)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    logging.getLogger("moe_policy").setLevel(logging.ERROR)
+    vllm_ms = time_loads(vllm_select, args.layers, args.loads)
+    ours_ms = time_loads(select_unquantized_moe_backend, args.layers, args.loads)
+    result = {
+        "layers": args.layers,
+        "loads": args.loads,
+        "vllm_ms_median": statistics.median(vllm_ms),
+        "plugin_ms_median": statistics.median(ours_ms),
+        "plugin_extra_ms_median": statistics.median(ours_ms) - statistics.median(vllm_ms),
+    }
+    print(
+        f"{args.layers} layers per load, median of {args.loads}: vLLM's oracle "
+        f"{result['vllm_ms_median']:.2f} ms, the plugin {result['plugin_ms_median']:.2f} ms "
+        f"(+{result['plugin_extra_ms_median']:.2f} ms)"
+    )
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
