@@ -39,6 +39,7 @@ lint: setup
 
 lint-policy: setup
 	.venv/bin/moe-policy lint configs/default.yaml configs/profiles/*.yaml
+	.venv/bin/moe-policy lint --engine vllm configs/engines/vllm-0.33/default.yaml
 
 bench: setup
 	$(PY) -m benchmarks.policy

@@ -23,14 +23,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="policy YAML files")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="NAME[==VERSION]",
+        help="check against this engine's backends: moe_policy (default) or vllm",
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Lint every file, print the findings, exit 1 on any error."""
+    from moe_policy.core.engines import resolve_engine
+    from moe_policy.core.origin import Origin
     from moe_policy.lint.checks import lint_paths
 
-    findings = lint_paths(args.files)
+    findings = lint_paths(args.files, engine=resolve_engine(args.engine, Origin.cli("--engine")))
     errors = sum(f.severity == "error" for f in findings)
     warnings = len(findings) - errors
     if args.json:

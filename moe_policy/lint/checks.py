@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_policy.core.catalog import BackendSpec, Catalog, load_catalog
+from moe_policy.core.engines import MOE_POLICY, EngineProfile
 from moe_policy.core.keys import PLATFORMS, parse_capability
 from moe_policy.core.origin import Origin
 from moe_policy.core.problems import ProblemSink
@@ -300,11 +301,13 @@ def well_formed(loaded: LoadedYaml, rules: Sequence[Rule]) -> list[Rule]:
     return kept
 
 
-def builtin_priority(catalog: Catalog) -> dict[str, tuple[str, ...]]:
-    """The built-in priority lists (what a policy file's own lists replace)."""
+def builtin_priority(
+    catalog: Catalog, engine: EngineProfile = MOE_POLICY
+) -> dict[str, tuple[str, ...]]:
+    """The engine's built-in priority lists (what a policy file's own lists replace)."""
     from moe_policy.settings.builtin import BuiltinSource
 
-    out = BuiltinSource().load(catalog)
+    out = BuiltinSource(engine).load(catalog)
     return {
         e.key.split(".", 1)[1]: tuple(e.value)
         for e in out.settings
@@ -312,9 +315,11 @@ def builtin_priority(catalog: Catalog) -> dict[str, tuple[str, ...]]:
     }
 
 
-def lint_document(loaded: LoadedYaml, catalog: Catalog | None = None) -> list[Finding]:
-    """Every finding in one parsed policy document, sorted by position."""
-    catalog = catalog or load_catalog()
+def lint_document(
+    loaded: LoadedYaml, catalog: Catalog | None = None, engine: EngineProfile = MOE_POLICY
+) -> list[Finding]:
+    """Every finding in one parsed policy document (for ``engine``), sorted by position."""
+    catalog = catalog or load_catalog(engine)
     sink = ProblemSink(strict=False)
     entries, rules = parse_policy_document(loaded, catalog, sink)
     findings = [Finding(p.severity, p.code, p.message, p.origin) for p in sink.problems]
@@ -322,7 +327,7 @@ def lint_document(loaded: LoadedYaml, catalog: Catalog | None = None) -> list[Fi
     shadowed, covered = _shadowed(rules)
     findings.extend(shadowed)
     findings.extend(_conflicts(rules, covered))
-    priority = builtin_priority(catalog)
+    priority = builtin_priority(catalog, engine)
     priority.update(
         {e.key.split(".", 1)[1]: tuple(e.value) for e in entries if e.key.startswith("priority.")}
     )
@@ -331,16 +336,20 @@ def lint_document(loaded: LoadedYaml, catalog: Catalog | None = None) -> list[Fi
     return sorted(findings, key=Finding.sort_key)
 
 
-def lint_file(path: str, catalog: Catalog | None = None) -> list[Finding]:
+def lint_file(
+    path: str, catalog: Catalog | None = None, engine: EngineProfile = MOE_POLICY
+) -> list[Finding]:
     """Lint one file; a file that cannot be read or parsed is itself a finding."""
     try:
         loaded = load_yaml_file(path)
     except PolicyError as exc:
         return [Finding("error", exc.code, exc.message, exc.origin or str(Origin.file(path)))]
-    return lint_document(loaded, catalog)
+    return lint_document(loaded, catalog, engine)
 
 
-def lint_paths(paths: Sequence[str], catalog: Catalog | None = None) -> list[Finding]:
-    """Lint several files, in the order given."""
-    catalog = catalog or load_catalog()
-    return [finding for path in paths for finding in lint_file(path, catalog)]
+def lint_paths(
+    paths: Sequence[str], catalog: Catalog | None = None, engine: EngineProfile = MOE_POLICY
+) -> list[Finding]:
+    """Lint several files, in the order given, against ``engine``'s backends."""
+    catalog = catalog or load_catalog(engine)
+    return [finding for path in paths for finding in lint_file(path, catalog, engine)]

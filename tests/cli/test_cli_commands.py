@@ -123,3 +123,18 @@ def test_in_process_main_returns_the_code_and_leaves_the_collector_alone(capsys)
         structlog.reset_defaults()
     assert gc.isenabled() and gc.get_freeze_count() == frozen
     assert json.loads(capsys.readouterr().out)["catalog"] == "configs/backends.yaml"
+
+
+def test_lint_checks_a_policy_against_the_engine_it_is_for():
+    """vLLM's built-in policy names moonep: a vLLM backend, unknown to this package's layer."""
+    vllm_default = "configs/engines/vllm-0.33/default.yaml"
+    assert run_cli("lint", "--engine", "vllm", vllm_default).returncode == 0
+    own = run_cli("lint", vllm_default)
+    assert own.returncode == 1
+    assert "unknown-backend" in own.stdout and "'moonep'" in own.stdout
+    bad = run_cli("lint", "--engine", "vllm==9.1", vllm_default)
+    assert bad.returncode == 2
+    assert bad.errors() == [
+        "moe-policy: error: cli:--engine: no profile describes vllm 9.1 (its backends and rules "
+        "may differ); known: vllm==0.33"
+    ]
