@@ -24,18 +24,9 @@ from vllm.model_executor.layers.fused_moe.oracle.unquantized import (
 
 from moe_policy.core.state import STATE
 from moe_policy.integrations.vllm.selection import select_unquantized_moe_backend
-from tests.integrations.vllm.harness import Case, faked_platform, moe_config
+from tests.integrations.vllm.harness import MODELS, Case, faked_platform, moe_config
 
-QWEN3_H200 = Case(
-    name="qwen3-30b-a3b/h200",
-    num_experts=128,
-    top_k=8,
-    hidden=2048,
-    intermediate=768,
-    activation="silu",
-    routing="Renormalize",
-    capability=(9, 0),
-)
+QWEN3_H200 = Case(name="qwen3-30b-a3b/h200", capability=(9, 0), **MODELS["qwen3-30b-a3b"])
 
 
 def time_loads(select: object, layers: int, loads: int) -> list[float]:

@@ -88,3 +88,13 @@ def validate_record(record: Mapping[str, Any]) -> None:
     import jsonschema
 
     jsonschema.Draft202012Validator(decision_schema()).validate(record)
+
+
+def explain_record(*args: str, env: Mapping[str, str] | None = None) -> tuple[Run, dict[str, Any]]:
+    """``moe-policy explain ARGS --json`` that must exit 0: the run and its record,
+    schema-checked."""
+    run = run_cli("explain", *args, "--json", env=env)
+    assert run.returncode == 0, run.stderr
+    record = run.json()
+    validate_record(record)
+    return run, record

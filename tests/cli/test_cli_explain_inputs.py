@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.bundled import MIXTRAL, MODELS, REPO
-from tests.cli.runner import H200, NEMOTRON_REL, run_cli, validate_record
+from tests.cli.runner import H200, NEMOTRON_REL, explain_record, run_cli, validate_record
 
 
 def test_set_nested_keys_and_a_list_with_their_origin():
@@ -90,18 +90,9 @@ def test_later_policy_files_win(tmp_path):
 
 def test_rocm_aiter_env_is_honoured_for_a_gated_silu_model():
     """VLLM_ROCM_USE_AITER=1 requests aiter; Mixtral's gated SiLU experts run on it."""
-    run = run_cli(
-        "explain",
-        "--model",
-        MIXTRAL,
-        "--platform",
-        "rocm",
-        "--json",
-        env={"VLLM_ROCM_USE_AITER": "1"},
+    _, record = explain_record(
+        "--model", MIXTRAL, "--platform", "rocm", env={"VLLM_ROCM_USE_AITER": "1"}
     )
-    assert run.returncode == 0, run.stderr
-    record = run.json()
-    validate_record(record)
     assert (record["backend"], record["outcome"]) == ("aiter", "honored")
     assert record["requested"]["origin"] == "env:VLLM_ROCM_USE_AITER"
     assert record["context"]["rocm.aiter"] == {"value": True, "origin": "env:VLLM_ROCM_USE_AITER"}
@@ -109,18 +100,8 @@ def test_rocm_aiter_env_is_honoured_for_a_gated_silu_model():
 
 def test_rocm_aiter_env_is_overridden_for_non_gated_relu2_experts():
     """Nemotron's relu2 experts are non-gated: aiter cannot run them, Triton does, with a warning."""
-    run = run_cli(
-        "explain",
-        "--model",
-        NEMOTRON_REL,
-        "--platform",
-        "rocm",
-        "--json",
-        env={"VLLM_ROCM_USE_AITER": "1"},
-    )
-    assert run.returncode == 0, run.stderr
-    record = run.json()
-    validate_record(record)
+    aiter = {"VLLM_ROCM_USE_AITER": "1"}
+    run, record = explain_record("--model", NEMOTRON_REL, "--platform", "rocm", env=aiter)
     assert (record["backend"], record["outcome"]) == ("triton", "overridden")
     [override] = record["overrides"]
     assert (override["requested"], override["reason_code"], override["origin"]) == (

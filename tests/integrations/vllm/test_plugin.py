@@ -26,21 +26,13 @@ from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
 from moe_policy import BackendOverrideError, BackendOverrideWarning, PolicyError
 from moe_policy.core.state import STATE
 from moe_policy.integrations.vllm import plugin, selection
-from tests.integrations.vllm.harness import Case, faked_platform, moe_config
+from tests.integrations.vllm.harness import MODELS, Case, faked_platform, moe_config
 
 VLLM_SELECT = oracle.select_unquantized_moe_backend
 ENTRY = "moe_policy.integrations.vllm.plugin:register"
 #: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
 NEMOTRON_LORA = Case(
-    name="nemotron/h200/lora",
-    num_experts=128,
-    top_k=6,
-    hidden=2688,
-    intermediate=1856,
-    activation="relu2_no_mul",
-    routing="DeepSeekV3",
-    capability=(9, 0),
-    lora=True,
+    name="nemotron/h200/lora", capability=(9, 0), lora=True, **MODELS["nemotron-3-nano"]
 )
 
 
@@ -171,9 +163,8 @@ def test_lora_with_deepep_low_latency_is_refused_at_selection(monkeypatch):
     selection, naming where the all2all kind came from."""
     load_plugins(monkeypatch)
     case = Case(
-        name="qwen3/lora/ep-ll", num_experts=128, top_k=8, hidden=2048, intermediate=768,
-        activation="silu", routing="Renormalize", lora=True, ep=True, dp=2,
-        all2all="deepep_low_latency",
+        name="qwen3/lora/ep-ll", lora=True, ep=True, dp=2, all2all="deepep_low_latency",
+        **MODELS["qwen3-30b-a3b"],
     )  # fmt: skip
     with pytest.raises(
         PolicyError, match=r"^vllm:parallel_config.all2all_backend: .*allgather_reducescatter"
