@@ -17,6 +17,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 dir=${1:-.venv-vllm}
+case $dir in /*) ;; *) dir="$repo/$dir" ;; esac  # absolute: the checks run from /tmp
 reqs=requirements/vllm-oracle.txt
 stamp="$dir/.vllm-oracle-stamp"
 
