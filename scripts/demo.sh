@@ -87,6 +87,13 @@ run_batched() {
 }
 expect 0 run_batched
 
+step "5. The same deployment in vLLM 0.33 (dry run of its engine profile; no vLLM needed)"
+echo "Expected: vLLM's LoRA layer accepts expert parallelism only with allgather_reducescatter;"
+echo "moe_policy refuses at selection, naming the key and where it came from (exit 2)."
+show moe-policy explain --engine vllm --model $MODEL $H200_SHOWN --lora --ep --dp 2 --all2all deepep_low_latency
+expect 2 "$MOE" explain --engine vllm --model "$MODEL" "${H200[@]}" --lora --ep --dp 2 \
+    --all2all deepep_low_latency --log-format console
+
 step "Audit log"
 printf '%s decision lines in %s (steps 1 and 2), e.g. the first one:\n' "$(wc -l < "$AUDIT")" "$AUDIT"
 head -n 1 "$AUDIT" | "$PY" -c '
