@@ -14,12 +14,13 @@ import json
 import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from moe_policy.cli.logsetup import LOG_FORMATS
 from moe_policy.core.keys import PLATFORMS
 from moe_policy.core.origin import Origin
-from moe_policy.errors import BackendOverrideWarning, PolicyError
+from moe_policy.errors import BackendOverrideWarning, PolicyError, did_you_mean
 from moe_policy.settings import Entry
 
 #: Flags that set one key each: (flag, key, argparse options). The flag is the origin.
@@ -79,7 +80,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Decide the MoE backend like a real selection and show the settings "
         "ladder, the context, every candidate, the rules and what strict mode would do.",
     )
-    parser.add_argument("--model", required=True, metavar="PATH", help="HF config.json or YAML")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH|DIR|NAME",
+        help="a config.json (or YAML), a Hugging Face model directory, or a bundled model "
+        "name (e.g. qwen3-30b-a3b)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a bundled policy profile (strict, audit, prefer-trtllm-lora); repeatable, "
+        "read before the --policy files",
+    )
     parser.add_argument(
         "--policy",
         action="append",
@@ -174,15 +189,30 @@ def _print(explanation: Any, args: argparse.Namespace) -> None:
     sys.stdout.flush()
 
 
+def profile_path(name: str) -> Path:
+    """The bundled profile ``name`` (``configs/profiles/<name>.yaml``), or an error listing them."""
+    from moe_policy.core import paths
+
+    profiles = paths.bundled(paths.PROFILES_DIR, ".yaml")
+    if name not in profiles:
+        raise PolicyError(
+            f"unknown profile {name!r}{did_you_mean(name, profiles)}; bundled: {', '.join(profiles)}",
+            Origin.cli("--profile"),
+        )
+    return profiles[name]
+
+
 def run(args: argparse.Namespace) -> int:
     """Resolve, print (human or JSON), then report; exceptions carry the exit code."""
     from moe_policy.api import Selector
     from moe_policy.reporting.audit import AuditWriteError
 
     entries = [*flag_entries(args), *set_entries(args.set)]
+    profiles = [str(profile_path(name)) for name in args.profile]
+    files = [*profiles, *(args.policy or [])] if (profiles or args.policy) else None
     selector = Selector(
         args.model,
-        policy_files=args.policy,
+        policy_files=files,
         explicit=entries,
         files_origin=Origin.cli("--policy"),
         engine=args.engine,

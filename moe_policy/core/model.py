@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_policy.core import paths
 from moe_policy.core.origin import Origin
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
-from moe_policy.errors import PolicyError
+from moe_policy.errors import PolicyError, did_you_mean
 
 # Key variants, most specific first. A dotted name looks inside a nested mapping.
 EXPERT_KEYS = (
@@ -334,7 +335,36 @@ def model_facts_from_mapping(config: Mapping[str, Any], origin: Origin | None = 
     return model_facts_from_loaded(loaded)
 
 
-def load_model(path: str | Path) -> ModelFacts:
-    """Read a config.json / YAML model file into MoE facts."""
-    loaded = load_yaml_file(path, display_path=str(path), use_omegaconf=False)
+def resolve_model_path(spec: str | Path, origin: Origin | str | None = None) -> Path:
+    """A model given as a config file, a Hugging Face model directory (its ``config.json``)
+    or the name of a bundled config (``qwen3-30b-a3b``); else an error listing the names."""
+    path = Path(spec)
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise PolicyError(
+                f"model directory {str(path)!r} has no config.json",
+                origin or Origin.file(str(path)),
+                code="file-not-found",
+            )
+        return config
+    if path.exists() or path.suffix or "/" in str(spec):
+        return path
+    names = paths.bundled(paths.MODELS_DIR, ".json")
+    if str(spec) in names:
+        return names[str(spec)]
+    raise PolicyError(
+        f"no model file or bundled model named {str(spec)!r}{did_you_mean(str(spec), names)}; "
+        f"bundled: {', '.join(names)}",
+        origin or Origin.file(str(spec)),
+        code="file-not-found",
+    )
+
+
+def load_model(path: str | Path, origin: Origin | str | None = None) -> ModelFacts:
+    """Read a config.json / YAML model file (or a model directory, or a bundled model's
+    name) into MoE facts."""
+    resolved = resolve_model_path(path, origin)
+    shown = str(path) if Path(path) == resolved else str(resolved)
+    loaded = load_yaml_file(resolved, display_path=shown, use_omegaconf=False)
     return model_facts_from_loaded(loaded)

@@ -9,6 +9,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 CONFIG_DIR = PACKAGE_DIR / "_configs"
 DEFAULT_POLICY = CONFIG_DIR / "default.yaml"
 BACKENDS_CATALOG = CONFIG_DIR / "backends.yaml"
+#: Bundled model configs (``<name>.json``) and policy profiles (``<name>.yaml``).
+MODELS_DIR = CONFIG_DIR / "models"
+PROFILES_DIR = CONFIG_DIR / "profiles"
 #: How built-in files are named in origins and records (stable across installs).
 DEFAULT_POLICY_NAME = "configs/default.yaml"
 BACKENDS_CATALOG_NAME = "configs/backends.yaml"
@@ -17,3 +20,8 @@ BACKENDS_CATALOG_NAME = "configs/backends.yaml"
 def display_name(path: Path) -> str:
     """``configs/...`` for a built-in file, whatever the install location."""
     return "configs/" + path.relative_to(CONFIG_DIR).as_posix()
+
+
+def bundled(folder: Path, suffix: str) -> dict[str, Path]:
+    """The bundled files of ``folder`` by name (file name without ``suffix``), sorted."""
+    return {p.name.removesuffix(suffix): p for p in sorted(folder.glob(f"*{suffix}"))}

@@ -156,3 +156,44 @@ def test_unwritable_audit_log_warns_and_a_required_one_fails(tmp_path):
     assert required.returncode == 2
     [error] = required.errors()
     assert error.startswith("moe-policy: error: cli:--audit-log:") and target in error
+
+
+def test_a_bundled_model_by_name_and_a_model_directory(tmp_path):
+    """--model takes a bundled config's name or a Hugging Face model directory, run from
+    anywhere (here: a temporary directory)."""
+    _, by_name = explain_record("--model", "qwen3-30b-a3b", *H200)
+    assert by_name["context"]["model.num_experts"]["value"] == 128
+    model_dir = tmp_path / "Qwen3-30B-A3B"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((REPO / "configs/models/qwen3-30b-a3b.json").read_text())
+    run = run_cli("explain", "--model", str(model_dir), *H200, "--json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.json()["context"]["model.num_experts"]["origin"].startswith(
+        f"file:{model_dir / 'config.json'}:"
+    )
+
+
+def test_an_unknown_model_name_lists_the_bundled_ones(tmp_path):
+    run = run_cli("explain", "--model", "qwen3-30b", *H200)
+    assert run.returncode == 2
+    [line] = run.errors()
+    assert "(did you mean 'qwen3-30b-a3b'?)" in line and "bundled: deepseek-v3," in line
+    empty = run_cli("explain", "--model", str(tmp_path), *H200)
+    assert empty.returncode == 2
+    assert empty.errors() == [
+        f"moe-policy: error: file:{tmp_path}: model directory '{tmp_path}' has no config.json"
+    ]
+
+
+def test_bundled_profiles_by_name():
+    strict = run_cli(
+        "explain", "--model", NEMOTRON_REL, *H200, "--lora", "--backend", "flashinfer_cutlass",
+        "--profile", "strict",
+    )  # fmt: skip
+    assert strict.returncode == 3
+    typo = run_cli("explain", "--model", NEMOTRON_REL, "--profile", "stric")
+    assert typo.returncode == 2
+    assert typo.errors() == [
+        "moe-policy: error: cli:--profile: unknown profile 'stric' (did you mean 'strict'?); "
+        "bundled: audit, prefer-trtllm-lora, strict"
+    ]
