@@ -32,6 +32,7 @@ OUR_VARIABLES = {
     "MOE_POLICY_CONSISTENCY": "consistency",
     "MOE_POLICY_FILES": None,
     "MOE_POLICY_ENGINE": None,  # read by the Selector: it picks the catalog the layers use
+    "MOE_POLICY_AUDIT_DIR": None,  # read by the audit profile's ${oc.env:...} interpolation
 }
 AITER = "VLLM_ROCM_USE_AITER"
 AITER_MOE = "VLLM_ROCM_USE_AITER_MOE"

@@ -144,3 +144,15 @@ def test_other_vllm_moe_variables_are_reported_as_no_effect(name):
     assert notice.event == "moe_policy.knob_ignored"
     assert notice.origin == f"env:{name}"
     assert "no effect" in notice.detail
+
+
+def test_the_audit_profiles_directory_variable_is_known(tmp_path, monkeypatch):
+    """configs/profiles/audit.yaml reads MOE_POLICY_AUDIT_DIR; setting it is no error."""
+    from moe_policy.core import paths
+
+    for name in [n for n in __import__("os").environ if n.startswith("MOE_POLICY_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MOE_POLICY_AUDIT_DIR", str(tmp_path))
+    profile = str(paths.PROFILES_DIR / "audit.yaml")
+    settings = resolve_settings(load_catalog(), policy_files=[profile])
+    assert settings.value("audit.path") == f"{tmp_path}/moe-policy-decisions.jsonl"
