@@ -29,7 +29,7 @@ from moe_policy.core.platform import PlatformFacts
 from moe_policy.core.resolver import Resolver
 from moe_policy.core.state import STATE
 from moe_policy.errors import PolicyError, did_you_mean
-from moe_policy.reporting.audit import AuditSink
+from moe_policy.reporting.audit import audit_sink
 from moe_policy.reporting.events import REPORTER, Reporter
 from moe_policy.settings import Entry, Settings, resolve_settings
 
@@ -187,7 +187,7 @@ class Selector:
         self.reporter = reporter or REPORTER
         audit_path = self.settings.value("audit.path")
         self.audit = (
-            AuditSink(str(audit_path), bool(self.settings.value("audit.required", False)))
+            audit_sink(str(audit_path), bool(self.settings.value("audit.required", False)))
             if audit_path
             else None
         )

@@ -40,7 +40,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "moe_policy.api": (*SETTINGS, "moe_policy.reporting"),
     "moe_policy.testing": API,
     "moe_policy": API,  # the package root re-exports the API
-    "moe_policy.cli": (*API, "moe_policy.cli"),
+    "moe_policy.__main__": (*API, "moe_policy.cli"),  # `python -m moe_policy`: the CLI
+    "moe_policy.planning": (*API, "moe_policy.planning"),
+    "moe_policy.cli": (*API, "moe_policy.planning", "moe_policy.cli"),
     "moe_policy.layer": (*API, "moe_policy.experts"),
     "moe_policy.integrations": (
         *API,

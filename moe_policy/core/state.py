@@ -49,6 +49,8 @@ class ProcessState:
     #: The built-in catalogs, parsed once, by engine profile.
     catalogs: dict[str, Catalog] = field(default_factory=dict)
     reporting: ReportingState = field(default_factory=ReportingState)
+    #: Open audit sinks by (path, required): one descriptor per file per process.
+    audit_sinks: dict[tuple[str, bool], Any] = field(default_factory=dict)
     #: Decisions an engine integration made in this process, in order (its start-up check).
     engine_decisions: list[Any] = field(default_factory=list)
     id_prefix: str = field(default_factory=lambda: os.urandom(4).hex())
@@ -64,7 +66,8 @@ def next_decision_id() -> str:
 
 
 def reset() -> None:
-    """Forget cached selectors, the probed platform, the catalog and what was reported.
+    """Forget cached selectors, the probed platform, the catalog and what was reported, and
+    close the audit files.
 
     A platform pinned with ``override_platform`` stays pinned until its block ends.
     """
@@ -74,3 +77,8 @@ def reset() -> None:
     STATE.catalogs.clear()
     STATE.reporting.clear()
     STATE.engine_decisions.clear()
+    with STATE.selectors_lock:
+        sinks = list(STATE.audit_sinks.values())
+        STATE.audit_sinks.clear()
+    for sink in sinks:
+        sink.close()

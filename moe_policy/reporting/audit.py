@@ -1,7 +1,8 @@
 """JSON-lines audit sink: one line per decision, never deduplicated away.
 
 Each line is one ``os.write`` to a descriptor opened with ``O_APPEND``, so many
-processes can share one file without torn or lost lines. Repeats of a decision are
+processes can share one file; see :class:`AuditSink` for what keeps a record whole when a
+writer dies mid-line, the disk fills or the file is rotated. Repeats of a decision are
 counted (``count``), not dropped. A sink that cannot write returns the failure to
 the caller, which warns, or raises when the audit is required.
 """
@@ -9,13 +10,16 @@ the caller, which warns, or raises when the audit is required.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from moe_policy.core.decision import Decision
+from moe_policy.core.state import STATE
 from moe_policy.errors import MoEPolicyError
 
 
@@ -67,12 +71,22 @@ def audit_record(
 
 
 class AuditSink:
-    """Appends records to one file; opened lazily, reopened after a failure."""
+    """Appends records to one regular file; opened lazily, reopened after a failure or when
+    the path is rotated (renamed or deleted) under it.
+
+    A record is whole on disk or visibly absent: each line is one ``O_APPEND`` write, and a
+    line that finds the file ending inside a fragment (a writer that died or hit a size limit
+    mid-line) starts on a new line, so no record is ever glued onto another. The final path
+    component is opened without following a symlink; FIFOs, devices, directories, files with
+    several hard links and files that are not JSON lines are refused, never waited on or
+    appended to. New files are created 0600.
+    """
 
     def __init__(self, path: str, required: bool = False) -> None:
         self.path = path
         self.required = required
         self._fd: int | None = None
+        self._identity: tuple[int, int] | None = None
         self._lock = threading.Lock()
         self.written = 0
 
@@ -86,25 +100,101 @@ class AuditSink:
         ).encode()
         with self._lock:
             try:
-                if self._fd is None:
-                    self._fd = os.open(
-                        self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
-                    )
-                written = os.write(self._fd, line)
-                if written != len(line):
-                    raise OSError(f"short write: {written} of {len(line)} bytes")
+                import fcntl  # POSIX; imported here so the policy path imports anywhere
+
+                fd = self._descriptor()
+                # Writers of this file take turns (an advisory lock the kernel drops when a
+                # writer dies), so the last byte seen is never another writer's line half
+                # copied: a fragment there is a dead or failed write, closed off first.
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    if _ends_inside_a_line(fd):
+                        line = b"\n" + line
+                    written = os.write(fd, line)
+                    if written != len(line):
+                        self._terminate(fd)
+                        raise OSError(f"short write: {written} of {len(line)} bytes")
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
             except OSError as exc:
                 self.close_locked()
                 return exc
             self.written += 1
             return None
 
+    def _descriptor(self) -> int:
+        """The open descriptor, reopened when the path now names another file (rotation)."""
+        if self._fd is not None and self._rotated():
+            self.close_locked()
+        if self._fd is None:
+            self._fd, self._identity = _open_audit_file(self.path)
+        return self._fd
+
+    def _rotated(self) -> bool:
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        return (st.st_dev, st.st_ino) != self._identity
+
+    @staticmethod
+    def _terminate(fd: int) -> None:
+        """End a partly written line, so the next record starts clean (best effort)."""
+        with contextlib.suppress(OSError):
+            os.write(fd, b"\n")
+
     def close_locked(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+            self._identity = None
 
     def close(self) -> None:
         with self._lock:
             self.close_locked()
+
+
+def _open_audit_file(path: str) -> tuple[int, tuple[int, int]]:
+    """Open ``path`` for appending, refusing what is not a private, regular JSON-lines file."""
+    # Read-write: the last byte tells whether a fragment needs closing before a new line.
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(
+                exc.errno, "is a symbolic link; the audit does not follow links"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "is not a regular file (FIFO, device or directory)")
+        if st.st_nlink > 1:
+            raise OSError(
+                errno.EMLINK, f"has {st.st_nlink} hard links; the audit writes only its own file"
+            )
+        if st.st_size and os.pread(fd, 1, 0) not in (b"{", b"\n"):
+            raise OSError(errno.EINVAL, "does not hold JSON lines; refusing to append to it")
+        os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd, (st.st_dev, st.st_ino)
+
+
+def _ends_inside_a_line(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+def audit_sink(path: str, required: bool = False) -> AuditSink:
+    """The process's sink for ``path``: selectors writing one file share one descriptor,
+    which ``moe_policy.reset()`` closes."""
+    key = (path, required)
+    with STATE.selectors_lock:
+        sink = STATE.audit_sinks.get(key)
+        if sink is None:
+            sink = STATE.audit_sinks[key] = AuditSink(path, required)
+    return sink  # type: ignore[no-any-return]
