@@ -7,9 +7,12 @@ positions, so the same text is also composed into PyYAML nodes to read the marks
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from moe_policy.core.origin import Origin
 from moe_policy.errors import PolicyError
@@ -144,6 +147,42 @@ def _load_with_omegaconf(text: str, display_path: str) -> Any:
         raise PolicyError(
             f"cannot load policy{where}: {message}", Origin.file(display_path)
         ) from None
+
+
+#: While ``memoized()`` is active: (path, tag, mtime, size) -> what was parsed from the file.
+_MEMO: dict[tuple[Any, ...], Any] | None = None
+
+T = TypeVar("T")
+
+
+@contextmanager
+def memoized() -> Iterator[None]:
+    """Within the block, ``memoized_parse`` parses a file that has not changed once
+    (``moe-policy plan`` builds hundreds of Selectors over the same policy files)."""
+    global _MEMO
+    outer = _MEMO
+    if outer is None:
+        _MEMO = {}
+    try:
+        yield
+    finally:
+        _MEMO = outer
+
+
+def memoized_parse(path: str | Path, tag: Hashable, build: Callable[[], T]) -> T:
+    """``build()`` (which parses ``path``); inside ``memoized()``, once per unchanged file
+    and ``tag``. What ``build`` returns is shared: it must not be modified."""
+    memo = _MEMO
+    if memo is None:
+        return build()
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return build()
+    key = (os.fspath(path), tag, stat.st_mtime_ns, stat.st_size)
+    if key not in memo:
+        memo[key] = build()
+    return cast(T, memo[key])
 
 
 def load_yaml_file(

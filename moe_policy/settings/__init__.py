@@ -109,23 +109,44 @@ class Settings:
 
     def policy_digest(self) -> str:
         """sha256 of what decides (rules, priority lists, mode); no paths, no audit settings."""
-        decisive = {
-            "mode": self.mode,
-            "priority": {
-                k: list(v.value) for k, v in self.values.items() if k.startswith("priority.")
-            },
-            "rules": [
-                {
-                    "id": r.id,
-                    "effect": r.effect,
-                    "action": r.action,
-                    "backends": list(r.backends),
-                    "when": [[c.key, c.op, c.operand] for c in r.conditions],
-                }
-                for r in self.rules
-            ],
-        }
-        return sha256_hex(canonical_json(decisive))
+        priority = tuple(
+            (k, tuple(v.value)) for k, v in self.values.items() if k.startswith("priority.")
+        )
+        # Keyed by the rule objects themselves (held by the entry, so their ids stay
+        # theirs): equal-comparing operands such as 1 and true must not share a digest.
+        key = (self.mode, priority, tuple(map(id, self.rules)))
+        found = _DIGESTS.get(key)
+        if found is None:
+            if len(_DIGESTS) >= 256:
+                _DIGESTS.clear()
+            found = _DIGESTS[key] = (self.rules, _policy_digest(self.mode, priority, self.rules))
+        return found[1]
+
+
+#: (mode, priority lists, rule ids) -> (the rules, their digest): every Selector built over
+#: the same parsed policy files (``yamlio.memoized``) computes the same digest.
+_DIGESTS: dict[tuple[Any, ...], tuple[tuple[Rule, ...], str]] = {}
+
+
+def _policy_digest(
+    mode: str, priority: tuple[tuple[str, tuple[Any, ...]], ...], rules: tuple[Rule, ...]
+) -> str:
+    """sha256 of what decides."""
+    decisive = {
+        "mode": mode,
+        "priority": {k: list(v) for k, v in priority},
+        "rules": [
+            {
+                "id": r.id,
+                "effect": r.effect,
+                "action": r.action,
+                "backends": list(r.backends),
+                "when": [[c.key, c.op, c.operand] for c in r.conditions],
+            }
+            for r in rules
+        ],
+    }
+    return sha256_hex(canonical_json(decisive))
 
 
 def _merge(into: dict[str, Resolved], entries: Sequence[Entry], layer: str) -> None:

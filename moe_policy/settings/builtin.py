@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 from moe_policy.core.canonical import sha256_hex
 from moe_policy.core.engines import MOE_POLICY, EngineProfile
 from moe_policy.core.problems import ProblemSink
-from moe_policy.core.yamlio import load_yaml_file
-from moe_policy.settings.base import FileInfo, Source, SourceOutput
+from moe_policy.core.rules import Rule
+from moe_policy.core.yamlio import load_yaml_file, memoized_parse
+from moe_policy.settings.base import Entry, FileInfo, Source, SourceOutput
 from moe_policy.settings.schema import parse_policy_document
 
 if TYPE_CHECKING:
@@ -31,7 +32,13 @@ class BuiltinSource(Source):
         # Package data without interpolations: the safe loader is 10x faster than OmegaConf
         # here, and a test pins that both loaders read this file identically.
         name = self.engine.policy_name
-        loaded = load_yaml_file(self.engine.policy_path, display_path=name, use_omegaconf=False)
-        settings, rules = parse_policy_document(loaded, catalog, ProblemSink(strict=True))
-        info = FileInfo(name, self.layer, True, sha256_hex(loaded.text))
-        return SourceOutput(self.layer, settings=settings, rules=rules, files=[info])
+
+        def parse() -> tuple[list[Entry], list[Rule], FileInfo]:
+            loaded = load_yaml_file(self.engine.policy_path, display_path=name, use_omegaconf=False)
+            settings, rules = parse_policy_document(loaded, catalog, ProblemSink(strict=True))
+            return settings, rules, FileInfo(name, self.layer, True, sha256_hex(loaded.text))
+
+        settings, rules, info = memoized_parse(
+            self.engine.policy_path, ("builtin", name, id(catalog)), parse
+        )
+        return SourceOutput(self.layer, settings=list(settings), rules=list(rules), files=[info])
