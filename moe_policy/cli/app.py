@@ -1,4 +1,4 @@
-"""``moe-policy``: the command-line entry point (explain, lint, backends, diff).
+"""``moe-policy``: the command-line entry point (explain, lint, backends, diff, plan).
 
 Each subcommand lives in ``moe_policy/cli/<name>.py`` and exposes
 ``add_parser(subparsers)`` and ``run(args) -> int``. ``COMMANDS`` is the one list
@@ -27,7 +27,7 @@ from typing import NoReturn
 from moe_policy.errors import BackendOverrideError, MoEPolicyError, NoFeasibleBackendError
 
 #: Every subcommand, in help order; each is ``moe_policy.cli.<name>``.
-COMMANDS = ("explain", "lint", "backends", "diff")
+COMMANDS = ("explain", "lint", "backends", "diff", "plan")
 
 EXIT_OK = 0
 EXIT_LINT_ERROR = 1
