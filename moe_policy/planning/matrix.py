@@ -10,7 +10,7 @@ for YAML anchors). Errors name ``file:LINE:COL``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,9 @@ class Deployment:
     env: tuple[tuple[str, str], ...] = ()
     engine: str | None = None
     layers: tuple[str, ...] = ("moe",)
+    #: ``file:PATH:LINE:COL`` of the deployment's entry; ``source``: the matrix file.
     origin: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    source: str = ""
 
 
 def _freeze(value: Any) -> Any:
@@ -183,6 +184,7 @@ def _deployment(reader: _Reader, item: Any, at: KeyPath) -> list[Deployment]:
                     engine=engine,
                     layers=tuple(layers),
                     origin=origin,
+                    source=reader.loaded.path,
                 )
             )
     return out

@@ -262,11 +262,7 @@ class Planner:
         key = (files, d.model_path, d.values, d.env, d.engine)
         found = self._selectors.get(key)
         if found is None:
-            origin = (
-                Origin.file(d.origin.removeprefix("file:").split(":")[0])
-                if d.origin
-                else Origin.api()
-            )
+            origin = Origin.file(d.source) if d.source else Origin.api()
             entries = [
                 Entry(k, list(v) if isinstance(v, tuple) else v, origin) for k, v in d.values
             ]

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = [
     "benchmarks.policy",
     "benchmarks.cli",
+    "benchmarks.plan",
     "benchmarks.consistency",
     "benchmarks.kernels",
     "tools.tune_triton",

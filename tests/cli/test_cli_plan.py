@@ -99,6 +99,10 @@ def test_git_revision(audited: tuple[Path, int]) -> None:
     assert same.returncode == 0, same.stderr
     changed = run_cli("plan", "--from", "git:HEAD:configs/default.yaml", "--to", str(path))
     assert changed.returncode == 1, changed.stderr
+    # the old side's origins are shown as the revision, not the temporary file
+    reverted = run_cli("plan", "--from", str(path), "--to", "git:HEAD:configs/default.yaml")
+    assert reverted.returncode == 1, reverted.stderr
+    assert "hopper-demotes-flashinfer (git:HEAD:configs/default.yaml:" in reverted.stdout
     bad = run_cli("plan", "--from", "git:no-such-rev:configs/default.yaml", "--to", str(path))
     assert bad.returncode == 2 and bad.errors()[0].startswith("moe-policy: error: cli:--from")
 
