@@ -194,7 +194,7 @@ def audit_sink(path: str, required: bool = False) -> AuditSink:
     which ``moe_policy.reset()`` closes."""
     key = (path, required)
     with STATE.selectors_lock:
-        sink = STATE.audit_sinks.get(key)
+        sink: AuditSink | None = STATE.audit_sinks.get(key)
         if sink is None:
             sink = STATE.audit_sinks[key] = AuditSink(path, required)
-    return sink  # type: ignore[no-any-return]
+    return sink
