@@ -49,6 +49,9 @@ class ProcessState:
     #: The built-in catalogs, parsed once, by engine profile.
     catalogs: dict[str, Catalog] = field(default_factory=dict)
     reporting: ReportingState = field(default_factory=ReportingState)
+    #: (mode, priority lists, rule ids) -> (the rules, their digest), at most 256: Selectors
+    #: built over the same parsed policy files compute one digest.
+    policy_digests: dict[tuple[Any, ...], tuple[Any, str]] = field(default_factory=dict)
     #: Open audit sinks by (path, required): one descriptor per file per process.
     audit_sinks: dict[tuple[str, bool], Any] = field(default_factory=dict)
     #: Decisions an engine integration made in this process, in order (its start-up check).
@@ -77,6 +80,7 @@ def reset() -> None:
     STATE.catalogs.clear()
     STATE.reporting.clear()
     STATE.engine_decisions.clear()
+    STATE.policy_digests.clear()
     with STATE.selectors_lock:
         sinks = list(STATE.audit_sinks.values())
         STATE.audit_sinks.clear()

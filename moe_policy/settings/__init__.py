@@ -19,6 +19,7 @@ from moe_policy.core.engines import MOE_POLICY, EngineProfile
 from moe_policy.core.origin import Origin
 from moe_policy.core.policy import Policy
 from moe_policy.core.rules import Rule
+from moe_policy.core.state import STATE
 from moe_policy.settings.base import Entry, FileInfo, Source, SourceOutput
 from moe_policy.settings.builtin import BuiltinSource
 from moe_policy.settings.env import EnvSource
@@ -115,17 +116,15 @@ class Settings:
         # Keyed by the rule objects themselves (held by the entry, so their ids stay
         # theirs): equal-comparing operands such as 1 and true must not share a digest.
         key = (self.mode, priority, tuple(map(id, self.rules)))
-        found = _DIGESTS.get(key)
+        found = STATE.policy_digests.get(key)
         if found is None:
-            if len(_DIGESTS) >= 256:
-                _DIGESTS.clear()
-            found = _DIGESTS[key] = (self.rules, _policy_digest(self.mode, priority, self.rules))
+            if len(STATE.policy_digests) >= 256:
+                STATE.policy_digests.clear()
+            found = STATE.policy_digests[key] = (
+                self.rules,
+                _policy_digest(self.mode, priority, self.rules),
+            )
         return found[1]
-
-
-#: (mode, priority lists, rule ids) -> (the rules, their digest): every Selector built over
-#: the same parsed policy files (``yamlio.memoized``) computes the same digest.
-_DIGESTS: dict[tuple[Any, ...], tuple[tuple[Rule, ...], str]] = {}
 
 
 def _policy_digest(
