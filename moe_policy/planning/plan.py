@@ -188,7 +188,10 @@ def _rule_changes(old: Outcome, new: Outcome) -> list[Change]:
     changes = []
     for rule_id in [*old.rules, *(r for r in new.rules if r not in old.rules)]:
         before, after = old.rules.get(rule_id), new.rules.get(rule_id)
-        if before is not None and after is not None and before.status == after.status:
+        # A rule that does not match is no change, whether it exists or not.
+        was = before.status if before is not None else (False, False)
+        now = after.status if after is not None else (False, False)
+        if was == now:
             continue
         ref = (rule_id, (after or before).origin)  # type: ignore[union-attr]
         changes.append(
