@@ -172,3 +172,13 @@ def test_matrix_errors_name_origin(
     assert len(errors) == 1, run.stderr
     assert errors[0].startswith(f"moe-policy: error: file:{matrix}:{line}:{col}:"), errors[0]
     assert needle in errors[0]
+
+
+def test_a_new_rule_shows_only_where_it_matches() -> None:
+    """Adding the TRT-LLM LoRA profile changes B200 LoRA deployments only; the rule's other
+    deployments (not matched) are no change."""
+    run = run_cli("plan", "--to", "prefer-trtllm-lora", "--json")
+    assert run.returncode == 1, run.stderr
+    changes = run.json()["changes"]
+    assert changes and {c["platform"] for c in changes} == {"NVIDIA B200"}
+    assert all(c["deployment"].endswith("-lora") for c in changes)
