@@ -153,3 +153,28 @@ def test_selectors_of_one_file_share_a_descriptor_that_reset_closes(tmp_path, ma
     with pytest.raises(OSError):
         os.fstat(fd)
     assert len(lines(Path(path))) == 2
+
+
+def test_the_module_level_api_audits_without_deadlocking(tmp_path):
+    """select_backend builds its cached selector under the cache's lock; opening the audit
+    sink inside that build must not wait on the same lock (a thread that hangs fails this)."""
+    import threading
+
+    import moe_policy
+    from tests.bundled import NEMOTRON
+
+    path = tmp_path / "audit.jsonl"
+    done: list[str] = []
+
+    def decide() -> None:
+        done.append(
+            moe_policy.select_backend(
+                NEMOTRON, audit_log=str(path), platform="cuda", capability="9.0"
+            ).backend
+        )
+
+    worker = threading.Thread(target=decide, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert done == ["triton"]
+    assert len(lines(path)) == 1

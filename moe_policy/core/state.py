@@ -54,6 +54,8 @@ class ProcessState:
     policy_digests: dict[tuple[Any, ...], tuple[Any, str]] = field(default_factory=dict)
     #: Open audit sinks by (path, required): one descriptor per file per process.
     audit_sinks: dict[tuple[str, bool], Any] = field(default_factory=dict)
+    #: Its own lock: a sink is opened while a selector is built, under ``selectors_lock``.
+    audit_lock: threading.Lock = field(default_factory=threading.Lock)
     #: Decisions an engine integration made in this process, in order (its start-up check).
     engine_decisions: list[Any] = field(default_factory=list)
     id_prefix: str = field(default_factory=lambda: os.urandom(4).hex())
@@ -81,7 +83,7 @@ def reset() -> None:
     STATE.reporting.clear()
     STATE.engine_decisions.clear()
     STATE.policy_digests.clear()
-    with STATE.selectors_lock:
+    with STATE.audit_lock:
         sinks = list(STATE.audit_sinks.values())
         STATE.audit_sinks.clear()
     for sink in sinks:

@@ -193,7 +193,7 @@ def audit_sink(path: str, required: bool = False) -> AuditSink:
     """The process's sink for ``path``: selectors writing one file share one descriptor,
     which ``moe_policy.reset()`` closes."""
     key = (path, required)
-    with STATE.selectors_lock:
+    with STATE.audit_lock:
         sink: AuditSink | None = STATE.audit_sinks.get(key)
         if sink is None:
             sink = STATE.audit_sinks[key] = AuditSink(path, required)
