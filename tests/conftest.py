@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 from collections.abc import Callable, Iterator, Mapping  # noqa: E402
 from typing import Any  # noqa: E402
 
-from tests.bundled import DEEPSEEK, MIXTRAL, NEMOTRON, QWEN3  # noqa: E402
+from tests.bundled import MIXTRAL, NEMOTRON, QWEN3  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -94,8 +94,3 @@ def mixtral() -> str:
 @pytest.fixture
 def qwen3() -> str:
     return QWEN3
-
-
-@pytest.fixture
-def deepseek() -> str:
-    return DEEPSEEK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.bundled import DEEPSEEK, NEMOTRON
-from tests.cli.runner import H200, NEMOTRON_REL, run_cli, validate_record
+from tests.cli.runner import H200, NEMOTRON_REL, explain_record, run_cli, validate_record
 
 CUTLASS_ENV = {"MOE_POLICY_BACKEND": "flashinfer_cutlass"}
 AUDIT_KEYS = {"timestamp", "host", "pid", "rank", "world_size", "count"}
@@ -14,20 +14,8 @@ AUDIT_KEYS = {"timestamp", "host", "pid", "rank", "world_size", "count"}
 def test_env_request_with_lora_is_overridden_to_triton_with_a_warning_event(tmp_path):
     """H200 + LoRA + env request for CUTLASS: Triton runs, exit 0, override event and audit line."""
     audit = tmp_path / "audit.jsonl"
-    run = run_cli(
-        "explain",
-        "--model",
-        NEMOTRON_REL,
-        *H200,
-        "--lora",
-        "--json",
-        "--audit-log",
-        str(audit),
-        env=CUTLASS_ENV,
-    )
-    assert run.returncode == 0, run.stderr
-    record = run.json()
-    validate_record(record)
+    lora_args = ("--model", NEMOTRON_REL, *H200, "--lora")
+    run, record = explain_record(*lora_args, "--audit-log", str(audit), env=CUTLASS_ENV)
     assert record["backend"] == "triton"
     assert record["outcome"] == "overridden"
     assert record["requested"] == {

@@ -12,51 +12,16 @@ from moe_policy.core.model import load_model, model_facts_from_mapping
 from moe_policy.errors import PolicyError
 from tests.bundled import DEEPSEEK, GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
 
+FIELDS = ("num_experts", "top_k", "hidden_size", "intermediate_size", "activation", "gated",
+          "shared_experts", "quantization", "routing")  # fmt: skip
 EXPECTED = {
-    NEMOTRON: dict(
-        num_experts=128,
-        top_k=6,
-        hidden_size=2688,
-        intermediate_size=1856,
-        activation="relu2",
-        gated=False,
-        shared_experts=1,
-        quantization="none",
-        routing="deepseek_v3",
-    ),
-    MIXTRAL: dict(
-        num_experts=8,
-        top_k=2,
-        hidden_size=4096,
-        intermediate_size=14336,
-        activation="silu",
-        gated=True,
-        shared_experts=0,
-        quantization="none",
-        routing="renormalize",
-    ),
-    QWEN3: dict(
-        num_experts=128,
-        top_k=8,
-        hidden_size=2048,
-        intermediate_size=768,
-        activation="silu",
-        gated=True,
-        shared_experts=0,
-        quantization="none",
-        routing="renormalize",
-    ),
-    DEEPSEEK: dict(
-        num_experts=256,
-        top_k=8,
-        hidden_size=7168,
-        intermediate_size=2048,
-        activation="silu",
-        gated=True,
-        shared_experts=1,
-        quantization="fp8",
-        routing="deepseek_v3",
-    ),
+    path: dict(zip(FIELDS, values, strict=True))
+    for path, values in {
+        NEMOTRON: (128, 6, 2688, 1856, "relu2", False, 1, "none", "deepseek_v3"),
+        MIXTRAL: (8, 2, 4096, 14336, "silu", True, 0, "none", "renormalize"),
+        QWEN3: (128, 8, 2048, 768, "silu", True, 0, "none", "renormalize"),
+        DEEPSEEK: (256, 8, 7168, 2048, "silu", True, 1, "fp8", "deepseek_v3"),
+    }.items()
 }
 
 
@@ -149,41 +114,28 @@ def test_missing_expert_count_names_file_and_keys(tmp_path: Path):
         load_model(f)
 
 
-def test_contradictory_expert_counts(tmp_path: Path):
-    """Two expert-count keys that disagree are refused, naming both."""
-    f = tmp_path / "config.json"
-    f.write_text(
-        json.dumps(
-            {
-                "num_experts": 64,
-                "n_routed_experts": 128,
-                "num_experts_per_tok": 8,
-                "hidden_size": 8,
-                "moe_intermediate_size": 8,
-            }
-        )
-    )
-    with pytest.raises(
-        PolicyError, match=r"contradictory expert count: num_experts=64 .*n_routed_experts=128"
-    ):
-        load_model(f)
+MINIMAL = {"num_experts_per_tok": 8, "hidden_size": 8, "moe_intermediate_size": 8}
 
 
-def test_unknown_activation(tmp_path: Path):
-    """An activation we do not know is refused at its position."""
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        # two expert-count keys that disagree, both named
+        (
+            {**MINIMAL, "num_experts": 64, "n_routed_experts": 128},
+            r"contradictory expert count: num_experts=64 .*n_routed_experts=128",
+        ),
+        # an activation we do not know, at its position
+        (
+            {**MINIMAL, "num_experts": 4, "num_experts_per_tok": 2, "hidden_act": "mish"},
+            r":1:\d+: hidden_act: unknown activation 'mish'",
+        ),
+    ],
+)
+def test_a_bad_config_is_refused_with_its_reason(tmp_path: Path, config: dict, message: str):
     f = tmp_path / "config.json"
-    f.write_text(
-        json.dumps(
-            {
-                "num_experts": 4,
-                "num_experts_per_tok": 2,
-                "hidden_size": 8,
-                "moe_intermediate_size": 8,
-                "hidden_act": "mish",
-            }
-        )
-    )
-    with pytest.raises(PolicyError, match=r":1:\d+: hidden_act: unknown activation 'mish'"):
+    f.write_text(json.dumps(config))
+    with pytest.raises(PolicyError, match=message):
         load_model(f)
 
 

@@ -79,36 +79,24 @@ def test_malformed_yaml_names_file_line_col(tmp_path: Path):
         _settings(f)
 
 
-def test_unknown_key_has_did_you_mean(tmp_path: Path):
-    """A misspelt top-level key is an error at its position, with a suggestion."""
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # a misspelt top-level key: its position and a suggestion
+        ("mode: warn\nbakend: triton\n", r"2:1: unknown key 'bakend' \(did you mean 'backend'\?\)"),
+        # a value of the wrong type: the key, the value and the position
+        ("mode: 3\n", r"1:7: mode: expected one of warn, strict, got 3$"),
+        # a misspelt backend name
+        (
+            "backend: flashinfer_cutlas\n",
+            r"1:10: unknown MoE backend 'flashinfer_cutlas' \(did you mean 'flashinfer_cutlass'\?\)",
+        ),
+    ],
+)
+def test_a_bad_value_names_its_position(tmp_path: Path, text: str, message: str):
     f = tmp_path / "p.yaml"
-    f.write_text("mode: warn\nbakend: triton\n")
-    with pytest.raises(
-        PolicyError,
-        match=rf"^file:{re.escape(str(f))}:2:1: unknown key 'bakend' \(did you mean 'backend'\?\)",
-    ):
-        _settings(f)
-
-
-def test_wrong_type_names_the_key(tmp_path: Path):
-    """A value of the wrong type names the key, the value and the position."""
-    f = tmp_path / "p.yaml"
-    f.write_text("mode: 3\n")
-    with pytest.raises(
-        PolicyError,
-        match=rf"^file:{re.escape(str(f))}:1:7: mode: expected one of warn, strict, got 3$",
-    ):
-        _settings(f)
-
-
-def test_unknown_backend_typo(tmp_path: Path):
-    """A misspelt backend name gets a did-you-mean."""
-    f = tmp_path / "p.yaml"
-    f.write_text("backend: flashinfer_cutlas\n")
-    with pytest.raises(
-        PolicyError,
-        match=r"1:10: unknown MoE backend 'flashinfer_cutlas' \(did you mean 'flashinfer_cutlass'\?\)",
-    ):
+    f.write_text(text)
+    with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(f))}:{message}"):
         _settings(f)
 
 

@@ -15,19 +15,12 @@ from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings import Entry
 
 #: vLLM's MoEActivation values -> (activation, gated) in the policy's vocabulary.
+_GATED = ("silu", "gelu", "gelu_tanh", "relu2", "swigluoai", "situ", "swigluoai_uninterleave",
+          "swiglustep")  # fmt: skip
+_NON_GATED = ("silu", "gelu", "gelu_tanh", "relu2")  # vLLM spells them <name>_no_mul
 ACTIVATIONS: Mapping[str, tuple[str, bool]] = {
-    "silu": ("silu", True),
-    "gelu": ("gelu", True),
-    "gelu_tanh": ("gelu_tanh", True),
-    "relu2": ("relu2", True),
-    "swigluoai": ("swigluoai", True),
-    "situ": ("situ", True),
-    "swigluoai_uninterleave": ("swigluoai_uninterleave", True),
-    "swiglustep": ("swiglustep", True),
-    "silu_no_mul": ("silu", False),
-    "gelu_no_mul": ("gelu", False),
-    "gelu_tanh_no_mul": ("gelu_tanh", False),
-    "relu2_no_mul": ("relu2", False),
+    **{name: (name, True) for name in _GATED},
+    **{f"{name}_no_mul": (name, False) for name in _NON_GATED},
 }
 #: vLLM's RoutingMethodType names -> the policy's routing names.
 ROUTINGS: Mapping[str, str] = {

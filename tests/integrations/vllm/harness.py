@@ -423,51 +423,14 @@ def lora_layer_outcome(case: Case) -> str | None:
 # Routed-expert shapes of real models (hidden, whole-model intermediate, activation, routing as
 # the model's router reports it to the kernel).
 MODELS: dict[str, dict[str, Any]] = {
-    "mixtral-8x7b": dict(
-        num_experts=8,
-        top_k=2,
-        hidden=4096,
-        intermediate=14336,
-        activation="silu",
-        routing="Renormalize",
-    ),
-    "qwen3-30b-a3b": dict(
-        num_experts=128,
-        top_k=8,
-        hidden=2048,
-        intermediate=768,
-        activation="silu",
-        routing="Renormalize",
-    ),
-    "nemotron-3-nano": dict(
-        num_experts=128,
-        top_k=6,
-        hidden=2688,
-        intermediate=1856,
-        activation="relu2_no_mul",
-        routing="DeepSeekV3",  # sigmoid + score bias + grouped top-k
-    ),
-    "deepseek-v3": dict(
-        num_experts=256,
-        top_k=8,
-        hidden=7168,
-        intermediate=2048,
-        activation="silu",
-        routing="DeepSeekV3",
-    ),
-    "gpt-oss-20b": dict(
-        num_experts=32,
-        top_k=4,
-        hidden=2880,
-        intermediate=2880,
-        activation="swigluoai",
-        routing="Renormalize",
-        has_bias=True,
-    ),
-    "llama-4-scout": dict(
-        num_experts=16, top_k=1, hidden=5120, intermediate=8192, activation="silu", routing="Llama4"
-    ),
-}
+    "mixtral-8x7b": dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336, activation="silu", routing="Renormalize"),
+    "qwen3-30b-a3b": dict(num_experts=128, top_k=8, hidden=2048, intermediate=768, activation="silu", routing="Renormalize"),
+    # sigmoid + score bias + grouped top-k
+    "nemotron-3-nano": dict(num_experts=128, top_k=6, hidden=2688, intermediate=1856, activation="relu2_no_mul", routing="DeepSeekV3"),
+    "deepseek-v3": dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048, activation="silu", routing="DeepSeekV3"),
+    "gpt-oss-20b": dict(num_experts=32, top_k=4, hidden=2880, intermediate=2880, activation="swigluoai", routing="Renormalize", has_bias=True),
+    "llama-4-scout": dict(num_experts=16, top_k=1, hidden=5120, intermediate=8192, activation="silu", routing="Llama4"),
+}  # fmt: skip
 
 _AITER_ON = (("VLLM_ROCM_USE_AITER", "1"),)
 PLATFORMS: dict[str, dict[str, Any]] = {
