@@ -25,6 +25,7 @@ from moe_policy.core.catalog import Catalog, load_catalog
 from moe_policy.core.decision import Decision
 from moe_policy.core.engines import EngineProfile, resolve_engine
 from moe_policy.core.state import STATE
+from moe_policy.errors import PolicyError
 from moe_policy.integrations.vllm.facts import (
     deployment_entries,
     model_facts,
@@ -218,4 +219,9 @@ def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
     for cls in classes:  # the engine's order has the last word on which class it builds
         if cls.is_supported_config(cls, moe_config, None, None, fmt)[0]:
             return backend, cls
-    return backend, classes[0]
+    raise PolicyError(
+        f"{backend.name}: none of vLLM's experts classes "
+        f"({', '.join(c.__name__ for c in classes)}) accepts this layer, although the policy "
+        f"chose it; the vLLM profile and this vLLM disagree",
+        vllm_origin("is_supported_config"),
+    )

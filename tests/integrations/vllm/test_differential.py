@@ -36,6 +36,7 @@ from tests.integrations.vllm.harness import (
     lora_layer_outcome,
     moe_config,
     oracle_outcome,
+    parallel_config,
 )
 
 #: The deliberate differences, as documented in docs/vllm.md ("Where moe_policy differs").
@@ -106,21 +107,10 @@ def _dry_selector(case: Case) -> Selector:
     )
     cap = case.capability
     capability = f"{cap[0]}.{cap[1]}" if case.platform == "cuda" and cap else None
+    parallel = parallel_config(case)  # vLLM's layout facts, built without its platform
     explicit = [
         *facts.deployment_entries(
-            SimpleNamespace(
-                moe_parallel_config=SimpleNamespace(
-                    dp_size=case.dp,
-                    pcp_size=1,
-                    use_ep=case.ep and case.tp * case.dp > 1,
-                    ep_size=case.tp * case.dp if case.ep and case.tp * case.dp > 1 else 1,
-                    tp_size=1 if case.ep and case.tp * case.dp > 1 else case.tp * case.dp,
-                    all2all_backend=case.all2all,
-                    enable_eplb=case.eplb,
-                    sp_size=case.tp if case.sp else 1,
-                ),
-                is_lora_enabled=case.lora,
-            )
+            SimpleNamespace(moe_parallel_config=parallel, is_lora_enabled=case.lora)
         ),
     ]
     from moe_policy.settings import Entry
@@ -131,9 +121,11 @@ def _dry_selector(case: Case) -> Selector:
         Entry("cpu.arch", case.cpu_arch, origin),
         Entry("cpu.amx", case.cpu_amx, origin),
     ]
-    moonep = case.ep and case.tp * case.dp > 1 and case.dp > 1 and case.all2all == "moonep"
     request = facts.request_entry(
-        case.moe_backend, platform=case.platform, lora=case.lora, moonep=moonep
+        case.moe_backend,
+        platform=case.platform,
+        lora=case.lora,
+        moonep=parallel.use_moonep_kernels,
     )
     if request is not None:
         explicit.append(request)
@@ -168,13 +160,13 @@ def ours_dry_run(case: Case) -> tuple[Any, str | None]:
 
 def _triton_checks_fail(case: Case) -> bool:
     """Whether vLLM's TritonExperts would reject the case, had the LoRA branch asked it."""
-    nvl = ("flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided")
-    all2all_kernels = case.ep and case.tp * case.dp > 1 and (case.dp > 1 or case.sp)
+    parallel = parallel_config(case)
     return (
         case.platform not in ("cuda", "rocm", "xpu")
         or (case.platform in ("cuda", "rocm") and -(-case.num_experts // 32) * 32 >= 1024)
-        or (all2all_kernels and case.all2all in nvl)
-        or (all2all_kernels and case.all2all == "moonep")
+        or parallel.use_fi_nvl_two_sided_kernels
+        or parallel.use_fi_nvl_one_sided_kernels
+        or parallel.use_moonep_kernels
         or case.activation == "relu2"  # gated relu2: not among TritonExperts' activations
     )
 
