@@ -16,15 +16,19 @@ DTYPES = ("bf16", "fp16", "fp32")
 QUANTIZATIONS = (
     "none",
     "fp8",
+    "mxfp8",
     "mxfp4",
     "nvfp4",
     "int8",
     "int4",
-    "awq",
-    "gptq",
-    "compressed_tensors",
-    "other",
+    "w4a8_fp8",
+    "w4a8_int8",
 )
+#: How the experts' weights are scaled, how their activations are quantized, and the
+#: checkpoint format the scheme was read from (moe_policy.core.quantization).
+QUANT_WEIGHT_SCALES = ("tensor", "channel", "block", "group")
+QUANT_ACTIVATIONS = ("none", "static_tensor", "dynamic_tensor", "dynamic_token", "dynamic_group")
+QUANT_FORMATS = ("fp8", "fbgemm_fp8", "compressed-tensors", "modelopt", "mxfp4", "mlx", "awq", "gptq")
 ACTIVATIONS = (
     "silu",
     "gelu",
@@ -101,7 +105,17 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
         ),
         "model.architecture": KeySpec("str", "Hugging Face architecture class"),
         "model.dtype": KeySpec("str", "weight/activation dtype", DTYPES),
-        "model.quantization": KeySpec("str", "weight quantization family", QUANTIZATIONS),
+        "model.quantization": KeySpec("str", "experts' weight quantization scheme", QUANTIZATIONS),
+        "model.quant.format": KeySpec("str", "checkpoint format of the quantization", QUANT_FORMATS),
+        "model.quant.weight_scale": KeySpec(
+            "str", "weight scale granularity (block: model.quant.block)", QUANT_WEIGHT_SCALES
+        ),
+        "model.quant.block": KeySpec("str", "weight scale block, NxK (e.g. 128x128)"),
+        "model.quant.group_size": KeySpec("int", "values per weight scale group (mxfp4: 32)"),
+        "model.quant.activation": KeySpec(
+            "str", "how activations are quantized (none: weight-only)", QUANT_ACTIVATIONS
+        ),
+        "model.quant.symmetric": KeySpec("bool", "integer weights without zero points"),
         "model.activation": KeySpec("str", "expert activation", ACTIVATIONS),
         "model.gated": KeySpec("bool", "act(gate) * up (true) or act(up) (false, e.g. relu2)"),
         "model.num_experts": KeySpec("int", "routed experts in the model"),
