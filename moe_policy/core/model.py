@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_policy.core import paths
+from moe_policy.core import paths, quantization
 from moe_policy.core.origin import Origin
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError, did_you_mean
@@ -78,21 +78,6 @@ _DTYPE_NAMES = {
     "float32": "fp32",
     "fp32": "fp32",
     "float": "fp32",
-}
-_QUANT_FAMILIES = {
-    "fp8": "fp8",
-    "fbgemm_fp8": "fp8",
-    "modelopt": "fp8",
-    "mxfp4": "mxfp4",
-    "modelopt_fp4": "nvfp4",
-    "nvfp4": "nvfp4",
-    "awq": "awq",
-    "gptq": "gptq",
-    "compressed-tensors": "compressed_tensors",
-    "compressed_tensors": "compressed_tensors",
-    "bitsandbytes": "int8",
-    "int8": "int8",
-    "int4": "int4",
 }
 #: Model types whose experts are non-gated whatever `hidden_act` says.
 _NON_GATED_TYPES = {"nemotron_h"}
@@ -283,16 +268,7 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     else:
         facts["model.dtype"] = ("bf16", Origin("default"))
 
-    quant = reader.first(("quantization_config",))
-    if quant is None:
-        facts["model.quantization"] = ("none", Origin("default"))
-    else:
-        method = quant[1].get("quant_method") if isinstance(quant[1], Mapping) else None
-        family = _QUANT_FAMILIES.get(str(method).lower(), "other")
-        facts["model.quantization"] = (
-            family,
-            reader.loaded.origin(("quantization_config", "quant_method")),
-        )
+    facts.update(quantization.from_config(loaded))
 
     facts["model.routing"] = _routing(reader, model_type, facts)
     facts["model.router_weight_on_input"] = (
