@@ -29,6 +29,7 @@ from moe_policy.errors import (
     NoFeasibleBackendError,
     PolicyError,
 )
+from moe_policy.schemas import schema
 
 __all__ = [
     "BackendOverrideError",
@@ -50,5 +51,6 @@ __all__ = [
     "explain",
     "override_platform",
     "reset",
+    "schema",
     "select_backend",
 ]

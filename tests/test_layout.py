@@ -4,9 +4,9 @@ another module's private names.
 Layers, lowest first: ``core`` (the torch-free decision path) < ``settings`` <
 ``reporting`` < ``fleet`` / ``lint`` < the API (``api``, ``testing``, the package root)
 < ``cli`` and ``integrations``; ``layer`` is the one bridge from decisions to
-``experts`` (the kernels), which import nothing of the policy side. ``errors`` and
-``_version`` are leaves every layer may use. Imports under ``if TYPE_CHECKING:`` do not
-run and are not checked.
+``experts`` (the kernels), which import nothing of the policy side. ``errors``,
+``_version`` and ``schemas`` (the shipped JSON Schemas) are leaves every layer may use.
+Imports under ``if TYPE_CHECKING:`` do not run and are not checked.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from tests.bundled import REPO
 
 PACKAGE = REPO / "moe_policy"
-LEAVES = ("moe_policy.errors", "moe_policy._version")
+LEAVES = ("moe_policy.errors", "moe_policy._version", "moe_policy.schemas")
 CORE = ("moe_policy.core", *LEAVES)
 SETTINGS = (*CORE, "moe_policy.settings")
 REPORTING = (*CORE, "moe_policy.reporting")
@@ -31,6 +31,7 @@ API = (*API_BELOW, "moe_policy.api", "moe_policy.testing")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "moe_policy.errors": (),
     "moe_policy._version": (),
+    "moe_policy.schemas": ("moe_policy.errors",),
     "moe_policy.core": CORE,
     "moe_policy.settings": SETTINGS,
     "moe_policy.reporting": REPORTING,

@@ -27,7 +27,7 @@ from typing import NoReturn
 from moe_policy.errors import BackendOverrideError, MoEPolicyError, NoFeasibleBackendError
 
 #: Every subcommand, in help order; each is ``moe_policy.cli.<name>``.
-COMMANDS = ("explain", "lint", "backends", "diff", "plan")
+COMMANDS = ("explain", "lint", "backends", "diff", "plan", "schema", "models")
 
 EXIT_OK = 0
 EXIT_LINT_ERROR = 1

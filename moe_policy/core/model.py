@@ -311,6 +311,11 @@ def model_facts_from_mapping(config: Mapping[str, Any], origin: Origin | None = 
     return model_facts_from_loaded(loaded)
 
 
+#: Suffixes of a model file; another dotted name (``mixtral-8x7b-instruct-v0.1``) may be a
+#: bundled model's name.
+MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
 def resolve_model_path(spec: str | Path, origin: Origin | str | None = None) -> Path:
     """A model given as a config file, a Hugging Face model directory (its ``config.json``)
     or the name of a bundled config (``qwen3-30b-a3b``); else an error listing the names."""
@@ -324,7 +329,7 @@ def resolve_model_path(spec: str | Path, origin: Origin | str | None = None) -> 
                 code="file-not-found",
             )
         return config
-    if path.exists() or path.suffix or "/" in str(spec):
+    if path.exists() or path.suffix in MODEL_FILE_SUFFIXES or "/" in str(spec):
         return path
     names = paths.bundled(paths.MODELS_DIR, ".json")
     if str(spec) in names:
