@@ -2,7 +2,7 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed-stamp
 
-.PHONY: setup demo test test-vllm test-gpu lint lint-policy bench clean
+.PHONY: setup demo test test-vllm test-gpu fuzz lint lint-policy bench clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,11 @@ test-vllm:
 
 test-gpu:
 	python3 -m pytest -q -m gpu tests
+
+# The long fuzz run (docs/testing.md): FUZZ_CASES policy files (default 10000), with model
+# configs, environment values and flags in proportion; FUZZ_SEED, FUZZ_JOBS.
+fuzz: setup
+	$(PY) -m tests.fuzz.run
 
 lint: setup
 	$(PY) -m ruff check moe_policy tests benchmarks tools

@@ -1,0 +1,25 @@
+"""Hostile and mutated model configs through ``explain --model``: the same contract as
+policy files (documented exit code, one error line with its origin, no traceback, no hang,
+bounded memory)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.fuzz.generators import crafted_cases, model_case
+from tests.fuzz.keep import CI, run_and_check
+
+CRAFTED = [case for case in crafted_cases() if case.kind == "model"]
+
+
+@pytest.mark.parametrize("case", CRAFTED, ids=[case.note for case in CRAFTED])
+def test_a_crafted_model_config_keeps_the_contract(fuzz_worker, case):
+    run_and_check(fuzz_worker, case)
+
+
+@settings(CI, max_examples=80)
+@given(rng=st.randoms(use_true_random=False))
+def test_a_mutated_shipped_model_config_keeps_the_contract(fuzz_worker, rng):
+    run_and_check(fuzz_worker, model_case(rng))
