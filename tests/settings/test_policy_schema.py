@@ -64,8 +64,8 @@ def test_the_schema_has_the_loaders_keys():
     assert list(SCHEMA["properties"]) == list(TOP_LEVEL_KEYS)
     assert list(SCHEMA["properties"]["audit"]["properties"]) == list(AUDIT_KEYS)
     assert list(SCHEMA["properties"]["priority"]["properties"]) == list(PLATFORMS)
-    assert SCHEMA["properties"]["mode"]["anyOf"][0]["enum"] == list(MODES)
-    assert SCHEMA["properties"]["consistency"]["anyOf"][0]["enum"] == list(CONSISTENCY)
+    assert SCHEMA["properties"]["mode"]["enum"] == list(MODES)
+    assert SCHEMA["properties"]["consistency"]["enum"] == list(CONSISTENCY)
     rule = DEFS["rule"]["properties"]
     assert list(rule) == list(RULE_KEYS)
     assert rule["effect"]["enum"] == list(EFFECTS)
@@ -77,7 +77,7 @@ def test_the_schema_knows_every_context_key_with_its_type_and_choices():
     assert list(when) == list(CONTEXT_KEYS)
     for key, spec in CONTEXT_KEYS.items():
         if spec.choices:
-            assert DEFS["choice"][key]["anyOf"][0]["enum"] == list(spec.choices), key
+            assert DEFS["choice"][key]["enum"] == list(spec.choices), key
             ops = when[key]["anyOf"][2]["properties"]
         else:
             assert when[key]["$ref"] == f"#/$defs/{TYPE_DEFS[spec.type]}", key
