@@ -1,13 +1,13 @@
-"""``moe-policy``: the command-line entry point (explain, lint, backends, diff, plan).
+"""``moe-policy``: the command-line entry point (explain, lint, backends, diff, plan, completion).
 
 Each subcommand lives in ``moe_policy/cli/<name>.py`` and exposes
 ``add_parser(subparsers)`` and ``run(args) -> int``. ``COMMANDS`` is the one list
 of them; only the module of the command named on the line is imported.
 
-Exit codes (documented in the README): 0 decided (warn-mode overrides included),
-1 lint found an error, 2 bad input (policy, env, model, flags), 3 refused in
+Exit codes (documented in the README and in ``--help``): 0 decided (warn-mode overrides
+included), 1 lint found an error, 2 bad input (policy, env, model, flags), 3 refused in
 strict mode, 4 no feasible backend. Errors are one line on stderr that names the
-origin of the bad value; no traceback.
+origin of the bad value (argparse errors too: ``cli:--flag``); no traceback.
 
 This is the only place that configures logging (``moe_policy.cli.logsetup``);
 the library never does.
@@ -22,25 +22,19 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
 
+from moe_policy.cli.parser import Parser, help_epilog
 from moe_policy.errors import BackendOverrideError, MoEPolicyError, NoFeasibleBackendError
 
 #: Every subcommand, in help order; each is ``moe_policy.cli.<name>``.
-COMMANDS = ("explain", "lint", "backends", "diff", "plan", "schema", "models")
+COMMANDS = ("explain", "lint", "backends", "diff", "plan", "schema", "models", "completion")
 
 EXIT_OK = 0
 EXIT_LINT_ERROR = 1
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
 EXIT_NO_BACKEND = 4
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2) instead of usage dumps."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+COLOR_HELP = "colour: auto (on a terminal, unless NO_COLOR is set), always or never"
 
 
 def command_modules(names: Sequence[str] = COMMANDS) -> dict[str, ModuleType]:
@@ -56,17 +50,26 @@ def requested_commands(argv: Sequence[str]) -> tuple[str, ...]:
 
 def build_parser(commands: dict[str, ModuleType]) -> Parser:
     """The top-level parser with one subparser per available command."""
+    from moe_policy.cli.terminal import COLOR_CHOICES
+
     parser = Parser(
         prog="moe-policy",
         description="Explain, lint and audit the fused-MoE kernel backend policy.",
+        epilog=help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     from moe_policy._version import __version__
 
     parser.add_argument("--version", action="version", version=f"moe-policy {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     subparsers.required = True
+    parser.add_argument("--color", choices=COLOR_CHOICES, default=None, help=COLOR_HELP)
     for module in commands.values():
         module.add_parser(subparsers)
+    for sub in parser.commands.values():  # also after the command; SUPPRESS keeps the top's
+        sub.add_argument(
+            "--color", choices=COLOR_CHOICES, default=argparse.SUPPRESS, help=COLOR_HELP
+        )
     return parser
 
 
@@ -108,9 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     commands = command_modules(requested_commands(argv))
     args = build_parser(commands).parse_args(argv)
-    from moe_policy.cli.logsetup import configure_logging
+    from moe_policy.cli.logsetup import LEVELS, configure_logging
 
-    configure_logging(getattr(args, "log_format", None))
+    verbosity = getattr(args, "verbosity", 0)
+    configure_logging(
+        getattr(args, "log_format", None),
+        LEVELS[max(-1, min(1, verbosity))],
+        args.color,
+        report_on_terminal=not getattr(args, "json", False) and sys.stdout.isatty(),
+    )
     try:
         return int(commands[args.command].run(args))
     except MoEPolicyError as exc:

@@ -119,6 +119,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the decision record (JSON)")
     parser.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        default=0,
+        help="print the decision line only; stderr events at warning and above",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        help="also debug events, and every event even where the report already shows it",
+    )
+    parser.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         default=None,
@@ -183,9 +200,15 @@ def _print(explanation: Any, args: argparse.Namespace) -> None:
     if args.json:
         sys.stdout.write(json.dumps(explanation.decision.to_dict(), indent=2) + "\n")
     else:
-        from moe_policy.cli.explain_text import render
+        from moe_policy.cli.explain_text import Layout, decision_line, render
+        from moe_policy.cli.terminal import output_width, style_for
 
-        sys.stdout.write(render(explanation, args.model))
+        style = style_for(getattr(args, "color", None), sys.stdout)
+        if args.verbosity < 0:
+            sys.stdout.write(decision_line(explanation.decision, style) + "\n")
+        else:
+            layout = Layout(output_width(sys.stdout), style)
+            sys.stdout.write(render(explanation, args.model, layout))
     sys.stdout.flush()
 
 

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
-import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from moe_policy.api import Explanation
-from moe_policy.cli.table import WIDTH, heading, table, value_text
+from moe_policy.cli.table import WIDTH, fill, heading, paint_column, table, value_text
+from moe_policy.cli.terminal import PLAIN, Style
 from moe_policy.core.decision import Candidate, Decision, RuleRecord, Status
 from moe_policy.settings import Resolved, Settings
 
 #: How the model file's origins are shortened in the context table (legend printed).
 MODEL_MARK = "<model>"
+#: The width of the labels of the decision block (``strict mode:`` and its gap).
+LABEL = 13
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the report is laid out: its width in columns and its colours."""
+
+    width: int = WIDTH
+    style: Style = PLAIN
+
+    def heading(self, title: str, note: str = "") -> str:
+        return self.style.bold(heading(title, note, self.width))
 
 
 def _origin_and_beaten(origin: str, resolved: Resolved | None) -> str:
@@ -21,7 +36,7 @@ def _origin_and_beaten(origin: str, resolved: Resolved | None) -> str:
     return "\n".join(lines)
 
 
-def ladder(settings: Settings) -> str:
+def ladder(settings: Settings, layout: Layout = Layout()) -> str:
     """The layers, lowest first, and every policy file looked at."""
     rows = [
         (info.layer, info.path, "found" if info.found else "missing", (info.sha256 or "")[:12])
@@ -29,13 +44,13 @@ def ladder(settings: Settings) -> str:
     ]
     return "\n".join(
         [
-            heading("Settings ladder", "later wins: " + " < ".join(settings.layers)),
-            table(rows, ("layer", "policy file", "status", "sha256"), (12, 58, 8, 12)),
+            layout.heading("Settings ladder", "later wins: " + " < ".join(settings.layers)),
+            table(rows, ("layer", "policy file", "status", "sha256"), total=layout.width),
         ]
     )
 
 
-def settings_table(settings: Settings) -> str:
+def settings_table(settings: Settings, layout: Layout = Layout()) -> str:
     """Each settings key: winning value, its origin and the values it beat."""
     rows = [
         (key, value_text(r.value), _origin_and_beaten(r.origin, r))
@@ -43,15 +58,27 @@ def settings_table(settings: Settings) -> str:
     ]
     return "\n".join(
         [
-            heading("Settings", "winning value and origin; beat = the values it overrode"),
-            table(rows, ("key", "value", "origin"), (16, 30, 50)),
+            layout.heading("Settings", "winning value and origin; beat = the values it overrode"),
+            table(rows, ("key", "value", "origin"), total=layout.width),
         ]
     )
 
 
-def context_table(explanation: Explanation, model: str) -> str:
+def _model_file(explanation: Explanation) -> str | None:
+    """The file the model keys were read from (a bundled name or a directory resolved)."""
+    for key, (_value, origin) in sorted(explanation.decision.context.items()):
+        if key.startswith("model.") and origin.startswith("file:"):
+            path, sep, _position = origin[len("file:") :].rpartition(":")
+            path, sep, _line = path.rpartition(":") if sep else ("", "", "")
+            if sep and path:
+                return path
+    return None
+
+
+def context_table(explanation: Explanation, model: str, layout: Layout = Layout()) -> str:
     """Every context fact with its origin (and, for flags and env, what it beat)."""
-    prefix = f"file:{model}:"
+    model_file = _model_file(explanation) or model
+    prefix = f"file:{model_file}:"
     rows = []
     for key, (value, origin) in sorted(explanation.decision.context.items()):
         shown = MODEL_MARK + origin[len(prefix) - 1 :] if origin.startswith(prefix) else origin
@@ -64,9 +91,9 @@ def context_table(explanation: Explanation, model: str) -> str:
         )
     return "\n".join(
         [
-            heading("Context", "the facts the decision is made from"),
-            f"{MODEL_MARK} = file:{model}",
-            table(rows, ("key", "value", "origin"), (37, 20, 39)),
+            layout.heading("Context", "the facts the decision is made from"),
+            f"{MODEL_MARK} = file:{model_file}",
+            table(rows, ("key", "value", "origin"), total=layout.width),
         ]
     )
 
@@ -82,7 +109,16 @@ def _status(cand: Candidate) -> str:
     return "\n".join(lines)
 
 
-def candidates_table(decision: Decision) -> str:
+def _paint_status(style: Style) -> Callable[[str], str]:
+    def paint(word: str) -> str:
+        if word == "SELECTED":
+            return style.good(word)
+        return style.dim(word) if word == "eliminated" else word
+
+    return paint
+
+
+def candidates_table(decision: Decision, layout: Layout = Layout()) -> str:
     """Every backend: status, the pass that decided it, the reason and its detail."""
     rows = [
         (
@@ -95,10 +131,14 @@ def candidates_table(decision: Decision) -> str:
     ]
     return "\n".join(
         [
-            heading(
+            layout.heading(
                 "Candidates", "final order: the first live listed one runs, or the requested one"
             ),
-            table(rows, ("backend", "status", "reason", "detail"), (18, 15, 29, 32)),
+            paint_column(
+                table(rows, ("backend", "status", "reason", "detail"), total=layout.width),
+                1,
+                _paint_status(layout.style),
+            ),
         ]
     )
 
@@ -113,44 +153,49 @@ def _rule_result(rule: RuleRecord) -> str:
     return "APPLIED"
 
 
-def rules_table(explanation: Explanation) -> str:
+def rules_table(explanation: Explanation, layout: Layout = Layout()) -> str:
     """The rules in evaluation order with where they are written, and replaced rules."""
     rows = [
         (f"{r.id}\n{r.origin}", f"{r.effect} " + ", ".join(r.backends), _rule_result(r))
         for r in explanation.decision.rules
     ]
     parts = [
-        heading("Rules", "in order; a matched rule applies unless its action is audit"),
-        table(rows, ("rule / where", "effect", "result"), (52, 26, 16)),
+        layout.heading("Rules", "in order; a matched rule applies unless its action is audit"),
+        paint_column(
+            table(rows, ("rule / where", "effect", "result"), total=layout.width),
+            2,
+            lambda word: layout.style.good(word) if word == "APPLIED" else word,
+        ),
     ]
     for old, new in explanation.settings.replaced_rules:
         parts.append(
-            _fill(f"rule {old.id} at {old.origin} was replaced by the one at {new.origin}")
+            fill(
+                f"rule {old.id} at {old.origin} was replaced by the one at {new.origin}",
+                layout.width,
+            )
         )
     return "\n".join(parts)
 
 
-def _fill(text: str, label: str = "") -> str:
-    return textwrap.fill(
-        f"{label:<13}{text}" if label else text,
-        WIDTH,
-        subsequent_indent=" " * 13,
-        break_on_hyphens=False,
-    )
-
-
-def decision_block(explanation: Explanation) -> str:
+def decision_block(explanation: Explanation, layout: Layout = Layout()) -> str:
     """The decision, the override if any, and what strict mode would do."""
     d = explanation.decision
-    lines = [heading("Decision")]
+    style = layout.style
+
+    def _fill(text: str, label: str, paint: Callable[[str], str] = style.bold) -> str:
+        filled = fill(f"{label:<{LABEL}}{text}", layout.width, indent=LABEL)
+        return paint(label) + filled[len(label) :]
+
+    lines = [layout.heading("Decision")]
     if d.backend is None:
-        lines.append(_fill("none: no backend can run this layer (exit 4)", "backend:"))
+        lines.append(_fill("none: no backend can run this layer (exit 4)", "backend:", style.bad))
     else:
         where = "implemented here" if d.implemented_here else "provided by the engine"
         lines.append(
             _fill(
                 f"{d.backend} ({d.experts_class}; {d.activation_format} format; {where})",
                 "backend:",
+                style.good,
             )
         )
     requested = (
@@ -166,10 +211,14 @@ def decision_block(explanation: Explanation) -> str:
                 f"{o.requested} -> {o.selected or 'nothing'}: {o.reason_code.value} (pass {o.pass_name}{rule}): "
                 f"{o.detail}",
                 "override:",
+                style.warn,
             )
         )
     lines.append(_fill(d.mode, "mode:"))
-    lines.append(_fill(explanation.strict_outcome, "strict mode:"))
+    strict = explanation.strict_outcome
+    lines.append(
+        _fill(strict, "strict mode:", style.bad if strict.startswith("refuse") else style.bold)
+    )
     lines.append(
         _fill(
             f"{d.fingerprint[:16]}  (decision id {d.decision_id}, moe_policy {d.library_version})",
@@ -179,30 +228,48 @@ def decision_block(explanation: Explanation) -> str:
     return "\n".join(lines)
 
 
-def notices_block(decision: Decision) -> str:
+def notices_block(decision: Decision, layout: Layout = Layout()) -> str:
     """Knobs that are deprecated, ignored or without effect."""
     if not decision.notices:
         return ""
     rows = [(n.origin, n.detail, n.replacement) for n in decision.notices]
     return "\n".join(
         [
-            heading("Notices", "settings that are deprecated, ignored or have no effect"),
-            table(rows, ("origin", "detail", "use instead"), (34, 34, 26)),
+            layout.heading("Notices", "settings that are deprecated, ignored or have no effect"),
+            table(rows, ("origin", "detail", "use instead"), total=layout.width),
         ]
     )
 
 
-def render(explanation: Explanation, model: str) -> str:
+def render(explanation: Explanation, model: str, layout: Layout = Layout()) -> str:
     """The whole human report, sections separated by blank lines."""
     d = explanation.decision
     sections = [
-        _fill(f"moe-policy explain: {model}, {d.layer_label()}"),
-        ladder(explanation.settings),
-        settings_table(explanation.settings),
-        context_table(explanation, model),
-        candidates_table(d),
-        rules_table(explanation),
-        notices_block(d),
-        decision_block(explanation),
+        fill(f"moe-policy explain: {model}, {d.layer_label()}", layout.width, indent=2),
+        ladder(explanation.settings, layout),
+        settings_table(explanation.settings, layout),
+        context_table(explanation, model, layout),
+        candidates_table(d, layout),
+        rules_table(explanation, layout),
+        notices_block(d, layout),
+        decision_block(explanation, layout),
     ]
     return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def decision_line(decision: Decision, style: Style = PLAIN) -> str:
+    """The decision in one line (``explain -q``): layer, backend, class, format, outcome."""
+    head = f"{decision.layer_label()}: "
+    if decision.backend is None:
+        return head + style.bad("no feasible backend")
+    line = (
+        head
+        + style.good(decision.backend)
+        + f" ({decision.experts_class}, {decision.activation_format} format), "
+        + decision.outcome.value
+    )
+    if decision.requested:
+        line += f" (requested {decision.requested.backend} via {decision.requested.origin})"
+    for override in decision.overrides:
+        line += f"; {override.requested}: " + style.warn(override.reason_code.value)
+    return line

@@ -79,10 +79,13 @@ def test_log_format_console_is_not_json_and_stdout_stays_clean():
 
 
 def test_dispatcher_lists_commands_in_one_tuple():
-    """COMMANDS is the one list of subcommands, each a module with add_parser and run."""
+    """COMMANDS is the one list of subcommands: every cli module with add_parser and run."""
     assert cli.COMMANDS[:5] == ("explain", "lint", "backends", "diff", "plan")
     for name, module in cli.command_modules().items():
         assert callable(module.add_parser) and callable(module.run), name
+    modules = Path(cli.__file__).parent.glob("*.py")
+    commands = {p.stem for p in modules if "\ndef add_parser(" in p.read_text()}
+    assert commands == set(cli.COMMANDS)
 
 
 def test_dispatcher_imports_only_the_named_command():
