@@ -402,9 +402,7 @@ def load_catalog(engine: EngineProfile | None = None) -> Catalog:
 def parse_builtin_catalog(engine: EngineProfile | None = None) -> Catalog:
     """Read and check an engine's catalog (``configs/backends.yaml`` for this package)."""
     profile = engine or MOE_POLICY
-    loaded = load_yaml_file(
-        profile.catalog_path, display_path=profile.catalog_name, use_omegaconf=False
-    )
+    loaded = load_yaml_file(profile.catalog_path, display_path=profile.catalog_name)
     catalog = parse_catalog(loaded)
     problems = check_registry(catalog)
     if problems:

@@ -320,9 +320,10 @@ def resolve_model_path(spec: str | Path, origin: Origin | str | None = None) -> 
     """A model given as a config file, a Hugging Face model directory (its ``config.json``)
     or the name of a bundled config (``qwen3-30b-a3b``); else an error listing the names."""
     path = Path(spec)
-    if path.is_dir():
+    kind = _path_kind(path)
+    if kind == "dir":
         config = path / "config.json"
-        if not config.is_file():
+        if _path_kind(config) == "missing":
             raise PolicyError(
                 f"model directory {str(path)!r} has no config.json",
                 origin or Origin.file(str(path)),
@@ -347,5 +348,14 @@ def load_model(path: str | Path, origin: Origin | str | None = None) -> ModelFac
     name) into MoE facts."""
     resolved = resolve_model_path(path, origin)
     shown = str(path) if Path(path) == resolved else str(resolved)
-    loaded = load_yaml_file(resolved, display_path=shown, use_omegaconf=False)
+    loaded = load_yaml_file(resolved, display_path=shown)
     return model_facts_from_loaded(loaded)
+def _path_kind(path: Path) -> str:
+    """``dir``, ``missing`` or ``other`` (a file, or a path that reading then reports:
+    a FIFO, a device, a name too long to exist)."""
+    try:
+        return "dir" if path.is_dir() else "other" if path.exists() else "missing"
+    except (OSError, ValueError):
+        return "other"
+
+

@@ -1,8 +1,10 @@
 """YAML (and JSON) loading with line:column marks for every key and value.
 
-Values are loaded through OmegaConf (so interpolations such as ``${oc.env:VAR}`` work
-and lists replace rather than concatenate on merge); OmegaConf keeps no source
-positions, so the same text is also composed into PyYAML nodes to read the marks.
+Files are read by ``read_text``: regular files only, at most ``MAX_FILE_BYTES``, UTF-8.
+The text is composed into PyYAML nodes under ``yamlbounds.LIMITS`` (aliases, nodes and
+depth counted before anything expands them), the nodes give every key and value its
+mark, and the safe constructor builds plain data from the same nodes. Nothing is
+interpolated here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from moe_policy.core.origin import Origin
+from moe_policy.core.textfile import read_text
 from moe_policy.errors import PolicyError
 
 #: A key path inside a document: ("rules", 0, "effect").
@@ -50,63 +53,61 @@ class LoadedYaml:
         return Origin.file(self.path, 1, 1)
 
 
-def _yaml_module() -> Any:
-    import yaml
-
-    return yaml
-
-
-def _safe_loader() -> Any:
-    yaml = _yaml_module()
-    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def _walk_marks(
     node: Any,
     path: KeyPath,
     marks: dict[KeyPath, tuple[int, int]],
     key_marks: dict[KeyPath, tuple[int, int]],
 ) -> None:
-    yaml = _yaml_module()
+    """Marks of every key path, aliases expanded (``yamlbounds`` has bounded the walk)."""
+    from yaml.nodes import MappingNode, SequenceNode
+
     marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    if isinstance(node, yaml.MappingNode):
+    if isinstance(node, MappingNode):
         for key_node, value_node in node.value:
-            key = key_node.value
-            child = (*path, key)
+            child = (*path, key_node.value)
             key_marks[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             _walk_marks(value_node, child, marks, key_marks)
-    elif isinstance(node, yaml.SequenceNode):
+    elif isinstance(node, SequenceNode):
         for index, item in enumerate(node.value):
             _walk_marks(item, (*path, index), marks, key_marks)
 
 
-def _check_duplicate_keys(node: Any, loaded_path: str) -> None:
-    yaml = _yaml_module()
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            if key_node.value in seen:
-                first = seen[key_node.value]
-                raise PolicyError(
-                    f"duplicate key {key_node.value!r} (first defined at line "
-                    f"{first.start_mark.line + 1})",
-                    Origin.file(
-                        loaded_path, key_node.start_mark.line + 1, key_node.start_mark.column + 1
-                    ),
-                    code="duplicate-key",
-                )
-            seen[key_node.value] = key_node
-            _check_duplicate_keys(value_node, loaded_path)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _check_duplicate_keys(item, loaded_path)
+def _line_col(text: str, index: int) -> tuple[int, int]:
+    """1-based line and column of character ``index`` of ``text``."""
+    line_start = text.rfind("\n", 0, index) + 1
+    return text.count("\n", 0, index) + 1, index - line_start + 1
 
 
-def parse_yaml_text(text: str, display_path: str, *, use_omegaconf: bool = True) -> LoadedYaml:
-    """Parse ``text`` (YAML or JSON); malformed input -> PolicyError at file:line:col."""
-    yaml = _yaml_module()
+def _reader_error(exc: Any, text: str, display_path: str) -> PolicyError:
+    """A ReaderError (a control character, say) at file:line:col; libyaml counts the
+    position in UTF-8 bytes, PyYAML's reader in characters."""
+    position = int(exc.position)
+    if exc.encoding != "unicode":  # libyaml: a byte offset into the UTF-8 text
+        position = len(text.encode("utf-8")[:position].decode("utf-8", errors="ignore"))
+    line, col = _line_col(text, min(position, len(text)))
+    char = exc.character
+    shown = f"U+{char:04X}" if isinstance(char, int) else repr(char)
+    return PolicyError(
+        f"malformed YAML: character {shown} is not allowed ({exc.reason})",
+        Origin.file(display_path, line, col),
+        code="malformed-yaml",
+    )
+
+
+def parse_yaml_text(text: str, display_path: str) -> LoadedYaml:
+    """Parse ``text`` (YAML or JSON) under ``yamlbounds.LIMITS``; malformed or oversized
+    input -> PolicyError at file:line:col. Values stay as written: nothing is interpolated
+    (``settings.interpolation`` expands the one place a policy may name the environment)."""
+    import yaml
+
+    from moe_policy.core.yamlbounds import compose_bounded, construct
+
     try:
-        root = yaml.compose(text, Loader=_safe_loader())
+        root = compose_bounded(text, display_path)
+        data = None if root is None else construct(root)
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(exc, text, display_path) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         origin = (
@@ -115,6 +116,8 @@ def parse_yaml_text(text: str, display_path: str, *, use_omegaconf: bool = True)
             else Origin.file(display_path)
         )
         problem = exc.problem or exc.context or "cannot parse"
+        if exc.problem and exc.context:
+            problem = f"{exc.problem} ({exc.context})"
         raise PolicyError(f"malformed YAML: {problem}", origin, code="malformed-yaml") from None
     except yaml.YAMLError as exc:
         raise PolicyError(
@@ -122,31 +125,9 @@ def parse_yaml_text(text: str, display_path: str, *, use_omegaconf: bool = True)
         ) from None
     marks: dict[KeyPath, tuple[int, int]] = {}
     key_marks: dict[KeyPath, tuple[int, int]] = {}
-    if root is None:
-        return LoadedYaml(display_path, None, marks, key_marks, text)
-    _check_duplicate_keys(root, display_path)
-    _walk_marks(root, (), marks, key_marks)
-    if use_omegaconf and isinstance(root, (yaml.MappingNode, yaml.SequenceNode)):
-        data = _load_with_omegaconf(text, display_path)
-    else:
-        data = yaml.load(text, Loader=_safe_loader())
+    if root is not None:
+        _walk_marks(root, (), marks, key_marks)
     return LoadedYaml(display_path, data, marks, key_marks, text)
-
-
-def _load_with_omegaconf(text: str, display_path: str) -> Any:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        cfg = OmegaConf.create(text)
-        return OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None)
-        where = f" at {key}" if key else ""
-        message = str(exc).splitlines()[0]
-        raise PolicyError(
-            f"cannot load policy{where}: {message}", Origin.file(display_path)
-        ) from None
 
 
 #: While ``memoized()`` is active: (path, tag, mtime, size) -> what was parsed from the file.
@@ -185,17 +166,7 @@ def memoized_parse(path: str | Path, tag: Hashable, build: Callable[[], T]) -> T
     return cast(T, memo[key])
 
 
-def load_yaml_file(
-    path: str | Path, *, display_path: str | None = None, use_omegaconf: bool = True
-) -> LoadedYaml:
-    """Read and parse a file; a missing or unreadable file is a PolicyError naming it."""
+def load_yaml_file(path: str | Path, *, display_path: str | None = None) -> LoadedYaml:
+    """Read (``read_text``) and parse a file; every failure is a PolicyError naming it."""
     shown = display_path or str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PolicyError("file not found", Origin.file(shown), code="file-not-found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(
-            f"cannot read file: {exc}", Origin.file(shown), code="unreadable"
-        ) from None
-    return parse_yaml_text(text, shown, use_omegaconf=use_omegaconf)
+    return parse_yaml_text(read_text(path, shown), shown)

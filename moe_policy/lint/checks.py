@@ -2,7 +2,10 @@
 
 Structural findings come from ``parse_policy_document`` with a collecting
 ``ProblemSink``, so lint and loading can never disagree: malformed YAML, unknown
-keys, unknown backends (did-you-mean), unknown context keys, invalid values.
+keys, unknown backends (did-you-mean), unknown context keys, invalid values, and
+``interpolation-not-allowed`` (``settings.interpolation``: ``${...}`` outside
+``audit.path``, or naming a variable other than ``MOE_POLICY_AUDIT_DIR``). A file past
+the YAML limits (``core.yamlbounds``) or unreadable is one finding.
 
 Semantic checks, per file, in rule order:
 

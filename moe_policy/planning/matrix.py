@@ -86,12 +86,12 @@ class _Reader:
             raise self.error("model must be a bundled model name or a config.json path", keypath)
         bundled = MODELS_DIR / f"{value}.json"
         if "/" not in value and not value.endswith((".json", ".yaml", ".yml")):
-            if bundled.is_file():
+            if _regular(bundled):
                 return value, str(bundled)
             names = sorted(p.stem for p in MODELS_DIR.glob("*.json"))
             raise self.error(f"unknown model {value!r}{did_you_mean(value, names)}", keypath)
         path = (self.path.parent / value).resolve()
-        if not path.is_file():
+        if not _regular(path):
             raise self.error(f"model config {value!r} not found (looked for {path})", keypath)
         return value, str(path)
 
@@ -101,6 +101,14 @@ class _Reader:
         return [(None, value)]
 
 
+def _regular(path: Path) -> bool:
+    """``path`` is a regular file (a name too long to exist is not one)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def _sub(keypath: KeyPath, index: int | None) -> KeyPath:
     return keypath if index is None else (*keypath, index)
 
@@ -108,9 +116,7 @@ def _sub(keypath: KeyPath, index: int | None) -> KeyPath:
 def load_matrix(path: str | Path) -> list[Deployment]:
     """Every (deployment, model, platform) of the matrix file, in file order."""
     path = Path(path)
-    loaded = load_yaml_file(
-        path, use_omegaconf=False
-    )  # plain YAML: no interpolation, no node limit
+    loaded = load_yaml_file(path)
     reader = _Reader(loaded, path)
     data = loaded.data
     if not isinstance(data, Mapping):

@@ -188,7 +188,7 @@ def resolve_settings(
         files = env.policy_files()
     sources: dict[type[Source], Source] = {
         BuiltinSource: BuiltinSource(engine),
-        PolicyFilesSource: PolicyFilesSource(files),
+        PolicyFilesSource: PolicyFilesSource(files, env.environ),
         EnvSource: env,
         ExplicitSource: ExplicitSource(explicit),
     }

@@ -6,6 +6,7 @@ The same parser serves loading (first error raises) and ``moe-policy lint``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from moe_policy.core.yamlio import LoadedYaml
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry
 
+from moe_policy.settings.interpolation import check_interpolations
 if TYPE_CHECKING:
     from moe_policy.core.catalog import Catalog
 
@@ -112,9 +114,16 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
 
 
 def parse_policy_document(
-    loaded: LoadedYaml, catalog: Catalog, sink: ProblemSink
+    loaded: LoadedYaml,
+    catalog: Catalog,
+    sink: ProblemSink,
+    *,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[list[Entry], list[Rule]]:
-    """Settings entries and rules of one policy document, each with file:line:col."""
+    """Settings entries and rules of one policy document, each with file:line:col.
+
+    Interpolation is checked first (``settings.interpolation``): ``audit.path`` may read
+    ``environ`` (None: ``os.environ``), nothing else may name the environment."""
     data = loaded.data
     entries: list[Entry] = []
     rules: list[Rule] = []
@@ -141,10 +150,16 @@ def parse_policy_document(
 
     def known_items(
         key: str, value: Any, allowed: tuple[str, ...], expected: str, unknown: Callable[[str], str]
+    expanded = check_interpolations(loaded, sink, os.environ if environ is None else environ)
+
     ) -> Iterator[tuple[str, Any]]:
         """The entries of a nested mapping whose names are allowed; the rest are findings."""
         if not isinstance(value, Mapping):
             sink.add(
+        if path in expanded:
+            value = expanded[path]
+            if value is None:  # a refused interpolation, already a finding
+                return
                 "error", "invalid-type", f"{key}: expected {expected}, got {value!r}", at((key,))
             )
             return

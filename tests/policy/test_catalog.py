@@ -72,13 +72,13 @@ def test_unknown_catalog_key_names_its_position():
         PolicyError,
         match=r"^file:x.yaml:3:5: backend 'triton': unknown key 'platfroms' \(did you mean 'platforms'\?\)",
     ):
-        parse_catalog(parse_yaml_text(text, "x.yaml", use_omegaconf=False))
+        parse_catalog(parse_yaml_text(text, "x.yaml"))
 
 
 def test_registry_drift_is_named():
     """An implementation pointing at a missing module is reported by name."""
     text = "backends:\n  triton:\n    implementation: moe_policy.experts.nope:TritonExperts\n    platforms: [cuda]\n"
-    catalog = parse_catalog(parse_yaml_text(text, "x.yaml", use_omegaconf=False))
+    catalog = parse_catalog(parse_yaml_text(text, "x.yaml"))
     assert check_registry(catalog) == [
         "triton: module 'moe_policy.experts.nope' of 'moe_policy.experts.nope:TritonExperts' not found"
     ]

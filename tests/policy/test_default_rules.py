@@ -53,7 +53,7 @@ CASES: dict[
 
 def test_every_default_rule_has_cases():
     """No rule in default.yaml goes untested, and no case names a rule that does not exist."""
-    loaded = load_yaml_file(DEFAULT_POLICY, use_omegaconf=False)
+    loaded = load_yaml_file(DEFAULT_POLICY)
     assert sorted(rule["id"] for rule in loaded.data["rules"]) == sorted(CASES)
 
 

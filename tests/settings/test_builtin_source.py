@@ -19,11 +19,11 @@ def test_builtin_values_carry_default_yaml_positions():
     assert DEFAULT_POLICY.read_text().splitlines()[line - 1].startswith("mode: warn")
 
 
-def test_safe_loader_and_omegaconf_read_default_yaml_identically():
-    """The fast safe-loader path for package data gives exactly what OmegaConf gives."""
+def test_bounded_loader_and_omegaconf_read_default_yaml_identically():
+    """The bounded loader reads the built-in policy exactly as OmegaConf does."""
     from moe_policy.core.yamlio import load_yaml_file
 
-    fast = load_yaml_file(DEFAULT_POLICY, use_omegaconf=False).data
+    fast = load_yaml_file(DEFAULT_POLICY).data
     slow = OmegaConf.to_container(OmegaConf.load(DEFAULT_POLICY), resolve=True)
     assert fast == slow
 

@@ -33,12 +33,12 @@ def test_later_file_wins_and_history_keeps_the_beaten_values(tmp_path: Path):
     assert resolved.history[0][1].startswith("file:configs/default.yaml:")
 
 
-def test_omegaconf_interpolation_is_resolved(tmp_path: Path, monkeypatch):
-    """OmegaConf interpolations (here ${oc.env:...}) resolve when the file loads."""
-    monkeypatch.setenv("SERVING_AUDIT_DIR", "/var/log/moe")
+def test_audit_path_interpolates_the_audit_directory(tmp_path: Path):
+    """audit.path's ${oc.env:MOE_POLICY_AUDIT_DIR} reads the environment the settings get."""
     f = tmp_path / "p.yaml"
-    f.write_text("audit:\n  path: ${oc.env:SERVING_AUDIT_DIR}/decisions.jsonl\n")
-    assert _settings(f).value("audit.path") == "/var/log/moe/decisions.jsonl"
+    f.write_text("audit:\n  path: ${oc.env:MOE_POLICY_AUDIT_DIR}/decisions.jsonl\n")
+    settings = _settings(f, environ={"MOE_POLICY_AUDIT_DIR": "/var/log/moe"})
+    assert settings.value("audit.path") == "/var/log/moe/decisions.jsonl"
 
 
 def test_rule_with_same_id_replaces_the_builtin_one(tmp_path: Path):
