@@ -1,16 +1,22 @@
 """``moe-policy lint FILE...``: findings with severity, code, message and file:line:col.
 
+``--format`` picks the output: ``text`` (a table, the default), ``json`` (also ``--json``),
+``lines`` (``PATH:LINE:COL: SEVERITY: MESSAGE [CODE]`` for editors), ``github`` (GitHub
+Actions annotations) or ``sarif`` (SARIF 2.1.0); see ``moe_policy.lint.formats``.
 Exit 1 when any error is found, 0 otherwise (warnings alone pass).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from moe_policy.cli.app import EXIT_LINT_ERROR, EXIT_OK
+
+#: ``--format`` values: ``text`` is rendered here, the others by ``moe_policy.lint.formats``
+#: (named here so that building the parser imports no lint code).
+FORMATS = ("text", "json", "lines", "github", "sarif")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -22,7 +28,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "values, shadowed and conflicting rules, requires that leave no backend.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="policy YAML files")
-    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text: a table (default); json; lines: PATH:LINE:COL: SEVERITY: MESSAGE [CODE] "
+        "for editors; github: GitHub Actions annotations; sarif: SARIF 2.1.0",
+    )
+    output.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="json",
+        help="the same as --format json",
+    )
     parser.add_argument(
         "--engine",
         default=None,
@@ -39,16 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from moe_policy.lint.checks import lint_paths
 
     findings = lint_paths(args.files, engine=resolve_engine(args.engine, Origin.cli("--engine")))
-    errors = sum(f.severity == "error" for f in findings)
-    warnings = len(findings) - errors
-    if args.json:
-        report = {
-            "files": list(args.files),
-            "findings": [f.to_dict() for f in findings],
-            "errors": errors,
-            "warnings": warnings,
-        }
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    from moe_policy.lint.formats import RENDERERS, counts, summary
+
+    errors, warnings = counts(findings)
+    if args.format in RENDERERS:
+        sys.stdout.write(RENDERERS[args.format](findings, args.files))
     else:
         from moe_policy.cli.table import WIDTH, table
 
@@ -57,8 +72,5 @@ def run(args: argparse.Namespace) -> int:
             fixed = max(len(r[0]) for r in rows) + 8 + max(len(r[2]) for r in rows) + 6
             widths = (None, 8, None, max(WIDTH - fixed, 30))
             print(table(rows, ("location", "severity", "code", "message"), widths))
-        files = len(args.files)
-        print(
-            f"{files} file{'s' if files != 1 else ''} checked: {errors} error(s), {warnings} warning(s)"
-        )
+        print(summary(len(args.files), errors, warnings))
     return EXIT_LINT_ERROR if errors else EXIT_OK

@@ -269,4 +269,4 @@ def test_an_unknown_schema_name_is_one_error():
     run = run_cli("schema", "polcy")
     assert run.returncode == 2 and run.stdout == ""
     (line,) = run.errors()
-    assert line.startswith("moe-policy schema: error:") and "'polcy'" in line
+    assert line.startswith("moe-policy") and "error:" in line and "'polcy'" in line
