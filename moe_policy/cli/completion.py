@@ -67,7 +67,7 @@ def _files(action: argparse.Action) -> bool:
 def _summary(text: str | None) -> str:
     """The first sentence of ``text``, at most 70 characters, cut at a space."""
     text = " ".join((text or "").split())
-    text = re.split(r"(?<=[.:;])\s", text, maxsplit=1)[0].rstrip(".:;")
+    text = re.split(r"(?<=[.;])\s", text, maxsplit=1)[0].rstrip(".;")
     if len(text) > 70:
         text = text[:70].rsplit(" ", 1)[0] + "..."
     return text
@@ -78,7 +78,7 @@ def describe(parser: Any, name: str = "") -> list[Command]:
     options: list[Option] = []
     values: tuple[str, ...] = ()
     files = False
-    for action in parser.arguments:
+    for action in parser.actions():
         if action.help == argparse.SUPPRESS:
             continue
         if action.option_strings:
@@ -239,7 +239,12 @@ def zsh(commands: list[Command]) -> str:
         "            ;;",
         "    esac",
         "}",
-        '_moe_policy "$@"',
+        "# autoloaded from $fpath as _moe-policy: complete now; sourced: register the function",
+        'if [ "$funcstack[1]" = "_moe-policy" ]; then',
+        '    _moe_policy "$@"',
+        "else",
+        f"    compdef _moe_policy {PROG}",
+        "fi",
         "",
     ]
     # the last spec of each _arguments call must not end the line with a backslash

@@ -34,28 +34,28 @@ _ONE_OF = re.compile(r"one of the arguments (?P<names>.*) is required")
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line, origin-first errors (exit 2) instead of usage dumps; it
-    keeps the actions it was given (``arguments``) and its subcommands (``commands``)."""
+    can list its actions (``actions()``) and its subcommands (``commands``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        #: Every action added with ``add_argument``, in order (``-h`` first).
-        self.arguments: list[argparse.Action] = []
         #: The subcommand parsers by name, when ``add_subparsers`` was called.
         self.commands: dict[str, Parser] = {}
         #: How the subcommand argument is named in messages (its metavar).
         self.command_name = ""
         super().__init__(*args, **kwargs)
 
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        action = super().add_argument(*args, **kwargs)
-        self.arguments.append(action)
-        return action
-
     def add_subparsers(self, **kwargs: Any) -> Any:
         action = super().add_subparsers(**kwargs)
         self.commands = action.choices  # filled as commands are added
         self.command_name = str(kwargs.get("metavar") or kwargs.get("dest") or "")
-        self.arguments.append(action)
         return action
+
+    def actions(self) -> list[argparse.Action]:
+        """Every action of this parser, in order, those in argument groups included.
+
+        argparse has no public list of them; ``_actions`` is the one that completion
+        generators (argcomplete, shtab) read too, stable since Python 2.7.
+        """
+        return list(self._actions)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         """As argparse's, but an unknown option is reported by the subcommand it was given
@@ -81,7 +81,7 @@ class Parser(argparse.ArgumentParser):
         return f"cli:{origin}: {text} (see {self.prog} --help)"
 
     def _option_strings(self) -> list[str]:
-        return sorted({o for p in self.walk() for a in p.arguments for o in a.option_strings})
+        return sorted({o for p in self.walk() for a in p.actions() for o in a.option_strings})
 
     def _origin_and_text(self, message: str) -> tuple[str, str]:
         match = _ARGUMENT.match(message)
