@@ -316,6 +316,15 @@ def model_facts_from_mapping(config: Mapping[str, Any], origin: Origin | None = 
 MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 
 
+def _path_kind(path: Path) -> str:
+    """``dir``, ``missing`` or ``other`` (a file, or a path that reading then reports:
+    a FIFO, a device, a name too long to exist)."""
+    try:
+        return "dir" if path.is_dir() else "other" if path.exists() else "missing"
+    except (OSError, ValueError):
+        return "other"
+
+
 def resolve_model_path(spec: str | Path, origin: Origin | str | None = None) -> Path:
     """A model given as a config file, a Hugging Face model directory (its ``config.json``)
     or the name of a bundled config (``qwen3-30b-a3b``); else an error listing the names."""
@@ -330,7 +339,7 @@ def resolve_model_path(spec: str | Path, origin: Origin | str | None = None) -> 
                 code="file-not-found",
             )
         return config
-    if path.exists() or path.suffix in MODEL_FILE_SUFFIXES or "/" in str(spec):
+    if kind == "other" or path.suffix in MODEL_FILE_SUFFIXES or "/" in str(spec):
         return path
     names = paths.bundled(paths.MODELS_DIR, ".json")
     if str(spec) in names:
@@ -350,12 +359,3 @@ def load_model(path: str | Path, origin: Origin | str | None = None) -> ModelFac
     shown = str(path) if Path(path) == resolved else str(resolved)
     loaded = load_yaml_file(resolved, display_path=shown)
     return model_facts_from_loaded(loaded)
-def _path_kind(path: Path) -> str:
-    """``dir``, ``missing`` or ``other`` (a file, or a path that reading then reports:
-    a FIFO, a device, a name too long to exist)."""
-    try:
-        return "dir" if path.is_dir() else "other" if path.exists() else "missing"
-    except (OSError, ValueError):
-        return "other"
-
-

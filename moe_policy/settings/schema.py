@@ -18,8 +18,8 @@ from moe_policy.core.rules import Rule, parse_rule
 from moe_policy.core.yamlio import LoadedYaml
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry
-
 from moe_policy.settings.interpolation import check_interpolations
+
 if TYPE_CHECKING:
     from moe_policy.core.catalog import Catalog
 
@@ -138,10 +138,16 @@ def parse_policy_document(
         )
         return entries, rules
 
+    expanded = check_interpolations(loaded, sink, os.environ if environ is None else environ)
+
     def at(path: tuple[Any, ...], at_key: bool = False) -> Origin:
         return loaded.origin(path, at_key=at_key)
 
     def add(key: str, value: Any, path: tuple[Any, ...]) -> None:
+        if path in expanded:
+            value = expanded[path]
+            if value is None:  # a refused interpolation, already a finding
+                return
         origin = at(path)
         try:
             entries.append(Entry(key, validate_setting(key, value, origin, catalog), origin))
@@ -150,16 +156,10 @@ def parse_policy_document(
 
     def known_items(
         key: str, value: Any, allowed: tuple[str, ...], expected: str, unknown: Callable[[str], str]
-    expanded = check_interpolations(loaded, sink, os.environ if environ is None else environ)
-
     ) -> Iterator[tuple[str, Any]]:
         """The entries of a nested mapping whose names are allowed; the rest are findings."""
         if not isinstance(value, Mapping):
             sink.add(
-        if path in expanded:
-            value = expanded[path]
-            if value is None:  # a refused interpolation, already a finding
-                return
                 "error", "invalid-type", f"{key}: expected {expected}, got {value!r}", at((key,))
             )
             return

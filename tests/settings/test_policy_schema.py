@@ -137,7 +137,7 @@ def test_what_the_schema_rejects_the_loader_rejects(tmp_path, policy, code):
     [
         None,
         {"version": 1, "mode": "strict", "consistency": "warn"},
-        {"audit": {"path": "${oc.env:AUDIT_DIR,.}/a.jsonl", "required": "yes"}},
+        {"audit": {"path": "${oc.env:MOE_POLICY_AUDIT_DIR,.}/a.jsonl", "required": "yes"}},
         {"backend": "auto", "priority": {"cuda": ["triton", "batched_triton"]}},
         {
             "rules": [
