@@ -22,6 +22,9 @@ from moe_policy.core.decision import Decision
 from moe_policy.core.state import STATE
 from moe_policy.errors import MoEPolicyError
 
+#: How often one write reopens a path that was rotated under it before giving up.
+_REOPENS = 8
+
 
 class AuditWriteError(MoEPolicyError, OSError):
     """The audit line could not be written and the policy requires the audit."""
@@ -102,11 +105,10 @@ class AuditSink:
             try:
                 import fcntl  # POSIX; imported here so the policy path imports anywhere
 
-                fd = self._descriptor()
                 # Writers of this file take turns (an advisory lock the kernel drops when a
                 # writer dies), so the last byte seen is never another writer's line half
                 # copied: a fragment there is a dead or failed write, closed off first.
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fd = self._locked_descriptor(fcntl)
                 try:
                     if _ends_inside_a_line(fd):
                         line = b"\n" + line
@@ -121,6 +123,21 @@ class AuditSink:
                 return exc
             self.written += 1
             return None
+
+    def _locked_descriptor(self, fcntl: Any) -> int:
+        """The descriptor, locked, of the file the path names once the lock is held.
+
+        The path is checked again after the lock is taken: a file rotated or deleted while
+        this writer waited (an operator archives the log under the same lock, then removes
+        it) would otherwise receive a line nobody will read.
+        """
+        for _ in range(_REOPENS):
+            fd = self._descriptor()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not self._rotated():
+                return fd
+            self.close_locked()  # closing drops the lock
+        raise OSError(errno.EAGAIN, f"the file was replaced {_REOPENS} times while being opened")
 
     def _descriptor(self) -> int:
         """The open descriptor, reopened when the path now names another file (rotation)."""
