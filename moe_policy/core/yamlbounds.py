@@ -14,6 +14,7 @@ Events come from libyaml when PyYAML has it (the composer is PyYAML's own, with 
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,7 +45,17 @@ ALLOWED_TAGS = frozenset(
     _CORE + name for name in ("str", "int", "float", "bool", "null", "map", "seq")
 )
 
-_DROPPED = (_CORE + "timestamp", _CORE + "value")
+_DROPPED = (_CORE + "timestamp", _CORE + "value", _CORE + "float")
+#: YAML 1.1's floats plus JSON's exponent form without a dot (``1e-05``), as OmegaConf reads them.
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
 
 
 @dataclass(frozen=True)
@@ -251,13 +262,17 @@ _PARSER_BASES = _event_parser()
 
 
 class _PlainResolver(Resolver):  # type: ignore[misc]
-    """YAML 1.1's implicit types without timestamps (a date stays a string, as in JSON and
-    OmegaConf) and without the ``=`` value tag, which no safe constructor builds."""
+    """YAML 1.1's implicit types as OmegaConf reads them: no timestamps (a date stays a
+    string), floats in JSON's exponent form too, and no ``=`` value tag (no safe
+    constructor builds it)."""
 
     yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, Any]]]] = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in _DROPPED]
         for first, resolvers in Resolver.yaml_implicit_resolvers.items()
     }
+
+
+_PlainResolver.add_implicit_resolver(_CORE + "float", _FLOAT, list("-+0123456789."))
 
 
 class _BoundedLoader(_BoundedComposer, *_PARSER_BASES, SafeConstructor, _PlainResolver):  # type: ignore[misc]

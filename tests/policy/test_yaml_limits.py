@@ -3,11 +3,13 @@ alias is expanded; files that are not regular, too large or not UTF-8 are refuse
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from moe_policy.core.catalog import load_catalog
 from moe_policy.core.model import load_model
@@ -158,6 +160,19 @@ def test_plain_values_stay_plain():
     """Only the JSON types are built: a date stays a string, ``=`` is a string, ``!!str`` works."""
     data = parse_yaml_text("a: 2024-01-01\nb: =\nc: !!str 5\nd: 0x1F\n", "p.yaml").data
     assert data == {"a": "2024-01-01", "b": "=", "c": "5", "d": 31}
+
+
+def test_values_read_as_omegaconf_and_json_read_them():
+    """JSON's ``1e-05`` is a float (YAML 1.1 alone would keep it a string), as OmegaConf
+    read policy files before; a model's config.json reads as json.loads reads it."""
+    text = '{"eps": 1e-05, "theta": 1E6, "ratio": 0.5, "n": 128, "on": true, "none": null}'
+    data = parse_yaml_text(text, "config.json").data
+    assert data == json.loads(text)
+    assert [type(v) for v in data.values()] == [float, float, float, int, bool, type(None)]
+    yaml_text = "a: [1e3, 1.0e+3, .inf, 1_000, off, '1e3', 2024-01-01]\n"
+    assert parse_yaml_text(yaml_text, "p.yaml").data == OmegaConf.to_container(
+        OmegaConf.create(yaml_text)
+    )
 
 
 def _policy(rules: int) -> str:
