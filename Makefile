@@ -45,6 +45,7 @@ lint: setup
 lint-policy: setup
 	.venv/bin/moe-policy lint configs/default.yaml configs/profiles/*.yaml
 	.venv/bin/moe-policy lint --engine vllm configs/engines/vllm-0.33/default.yaml
+	.venv/bin/moe-policy lint --engine vllm/fp8 configs/engines/vllm-0.33/fp8-default.yaml
 
 bench: setup
 	$(PY) -m benchmarks.policy

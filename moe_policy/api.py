@@ -163,6 +163,10 @@ class Selector:
         if arguments or overrides:
             explicit = (*explicit, *explicit_entries(arguments, overrides, Origin.api()))
         self.engine, chosen_by = _engine_profile(engine, engine_origin, environ)
+        self.model = _load_model_like(model)
+        # An engine with one oracle per quantization scheme decides with that oracle's profile.
+        scheme, scheme_origin = self.model.facts.get("model.quantization", ("none", "default"))
+        self.engine = self.engine.for_quantization(str(scheme), scheme_origin)
         self.catalog = catalog or load_catalog(self.engine)
         self.settings = resolve_settings(
             self.catalog,
@@ -172,7 +176,6 @@ class Selector:
             files_origin=files_origin,
             engine=self.engine,
         )
-        self.model = _load_model_like(model)
         self.context = build_context(
             self.catalog,
             self.model,

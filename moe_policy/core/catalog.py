@@ -393,9 +393,10 @@ def load_catalog(engine: EngineProfile | None = None) -> Catalog:
     """The catalog of ``engine`` (this package's by default), parsed once per process;
     registry drift is an error that names what is missing."""
     profile = engine or MOE_POLICY
-    catalog = STATE.catalogs.get(profile.label)
+    key = f"{profile.label}:{profile.quantization}"
+    catalog = STATE.catalogs.get(key)
     if catalog is None:
-        catalog = STATE.catalogs[profile.label] = parse_builtin_catalog(profile)
+        catalog = STATE.catalogs[key] = parse_builtin_catalog(profile)
     return catalog
 
 

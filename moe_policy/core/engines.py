@@ -11,7 +11,7 @@ profile describes is an error that lists the ones that exist, never a guess.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from moe_policy.core import paths
@@ -34,6 +34,12 @@ class EngineProfile:
     #: also for an explicit ``batched_triton`` request.
     vllm_layout: bool = False
     description: str = ""
+    #: Quantization schemes with an oracle of their own in this engine: each has a catalog
+    #: ``<scheme>-backends.yaml`` and a built-in policy ``<scheme>-default.yaml`` beside the
+    #: profile's (unquantized) ones. Empty: one catalog says what runs every scheme.
+    oracles: tuple[str, ...] = ()
+    #: The scheme this profile's catalog and policy decide for (``none``: unquantized).
+    quantization: str = "none"
 
     @property
     def label(self) -> str:
@@ -47,6 +53,33 @@ class EngineProfile:
     @property
     def policy_name(self) -> str:
         return paths.display_name(self.policy_path)
+
+    def for_quantization(self, scheme: str, origin: Origin | str = "default") -> EngineProfile:
+        """The profile of this engine's oracle for MoE layers quantized with ``scheme``.
+
+        An engine with oracles (vLLM) decides each scheme with that oracle's catalog and
+        rules; a scheme it has no oracle description for is an error naming the scheme's
+        origin rather than a decision by the wrong rules. Without oracles the profile's one
+        catalog decides (this package: its backends say which schemes they run).
+        """
+        if not self.oracles or scheme in ("none", self.quantization):
+            return self
+        if scheme not in self.oracles:
+            known = ", ".join(("none", *self.oracles))
+            raise PolicyError(
+                f"{self.label} has no description of its {scheme} MoE oracle, so moe_policy "
+                f"cannot decide {scheme} layers for it (described: {known})",
+                origin,
+                key="model.quantization",
+            )
+        folder = self.catalog_path.parent
+        return replace(
+            self,
+            catalog_path=folder / f"{scheme}-backends.yaml",
+            policy_path=folder / f"{scheme}-default.yaml",
+            quantization=scheme,
+            description=f"{self.description} ({scheme} oracle)",
+        )
 
 
 MOE_POLICY = EngineProfile(
@@ -63,7 +96,8 @@ VLLM_0_33 = EngineProfile(
     catalog_path=paths.CONFIG_DIR / "engines" / "vllm-0.33" / "backends.yaml",
     policy_path=paths.CONFIG_DIR / "engines" / "vllm-0.33" / "default.yaml",
     vllm_layout=True,
-    description="vLLM 0.33's unquantized fused-MoE oracle, its experts classes and its LoRA layer",
+    description="vLLM 0.33's fused-MoE oracles, their experts classes and its LoRA layer",
+    oracles=("fp8",),
 )
 
 #: Every profile, by engine name, newest last.
@@ -82,10 +116,27 @@ def _major_minor(version: str) -> str | None:
 
 
 def resolve_engine(spec: str | None, origin: Origin | str = "default") -> EngineProfile:
-    """The profile for ``moe_policy``, ``vllm`` (its newest profile) or ``vllm==0.33[.x]``."""
+    """The profile for ``moe_policy``, ``vllm`` (its newest profile) or ``vllm==0.33[.x]``;
+    a ``/SCHEME`` suffix (``vllm/fp8``) names the engine's oracle for that quantization."""
     if spec is None or not str(spec).strip():
         return MOE_POLICY
-    text = str(spec).strip()
+    text, _, scheme = str(spec).strip().partition("/")
+    profile = _resolve_release(text.strip(), origin)
+    if not scheme.strip():
+        return profile
+    scheme = scheme.strip().lower()
+    if scheme not in profile.oracles:
+        known = ", ".join(profile.oracles) or "none"
+        raise PolicyError(
+            f"engine {profile.label} has no {scheme!r} oracle"
+            f"{did_you_mean(scheme, profile.oracles)}; its oracles: {known}",
+            origin,
+            key="engine",
+        )
+    return profile.for_quantization(scheme, origin)
+
+
+def _resolve_release(text: str, origin: Origin | str) -> EngineProfile:
     name, _, version = text.partition("==")
     name = name.strip().lower()
     if name not in PROFILES:

@@ -160,6 +160,7 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "rocm.aiter": KeySpec("bool", "AITER MoE switched on (VLLM_ROCM_USE_AITER semantics)"),
         "cpu.arch": KeySpec("str", "CPU architecture of a CPU target", CPU_ARCHS),
         "cpu.amx": KeySpec("bool", "the CPU has AMX tiles (x86 bf16 experts)"),
+        "cpu.amx_fp8": KeySpec("bool", "the CPU has AMX-FP8 tiles (x86 fp8 W8A8 experts)"),
     }
 )
 

@@ -1,0 +1,94 @@
+"""Quantized models decided for vLLM through the installed console script: the model's
+scheme picks vLLM's oracle for it (its catalog and built-in policy), and a scheme without
+one is one error line naming where the scheme came from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moe_policy import PolicyError
+from moe_policy.core.engines import VLLM_0_33, resolve_engine
+from tests.bundled import DEEPSEEK, QWEN3, REPO
+from tests.cli.runner import run_cli, validate_record
+
+DEEPSEEK_REL = str(Path(DEEPSEEK).relative_to(REPO))
+FP8_POLICY = "configs/engines/vllm-0.33/fp8-default.yaml"
+
+
+def explain(*args: str) -> dict:
+    run = run_cli("explain", "--engine", "vllm", "--json", *args)
+    assert run.returncode == 0, run.stderr
+    record = run.json()
+    validate_record(record)
+    return record
+
+
+@pytest.mark.parametrize(
+    ("args", "backend", "experts_class", "rule"),
+    [
+        # SM90, block fp8, tensor parallel: vLLM moves Triton to the front.
+        ((), "triton", "TritonExperts", "hopper-block-fp8-tp-prefers-triton"),
+        # ... and keeps it under LoRA (TritonExperts applies LoRA; the FlashInfer ones do not).
+        (("--lora",), "triton", "TritonExperts", "hopper-block-fp8-tp-prefers-triton"),
+        # Under expert parallelism FlashInfer CUTLASS goes first.
+        (("--tp", "2", "--ep"), "flashinfer_cutlass", "FlashInferExperts",
+         "hopper-block-fp8-ep-prefers-flashinfer-cutlass"),
+    ],
+)  # fmt: skip
+def test_deepseek_v3_fp8_block_on_hopper(args, backend, experts_class, rule):
+    record = explain("--model", DEEPSEEK_REL, "--platform", "cuda", "--capability", "9.0", *args)
+    assert (record["backend"], record["experts_class"]) == (backend, experts_class)
+    context = record["context"]
+    assert context["model.quantization"]["value"] == "fp8"
+    assert context["model.quant.block"]["value"] == "128x128"
+    assert context["model.quant.block"]["origin"].startswith(f"file:{DEEPSEEK_REL}:")
+    applied = [r["id"] for r in record["rules"] if r.get("applied")]
+    assert rule in applied
+    assert any(FP8_POLICY in str(r.get("origin", "")) for r in record["rules"])
+
+
+def test_deepseek_v3_on_blackwell_takes_trtllm_and_lora_takes_triton():
+    common = ("--model", DEEPSEEK_REL, "--platform", "cuda", "--capability", "10.0")
+    assert explain(*common)["experts_class"] == "TrtLlmFp8ExpertsMonolithic"
+    lora = explain(*common, "--lora")
+    assert lora["backend"] == "triton"
+    trtllm = next(c for c in lora["candidates"] if c["backend"] == "flashinfer_trtllm")
+    assert trtllm["reason_code"] == "lora_unsupported"
+
+
+def test_own_engine_still_has_no_quantized_kernel():
+    run = run_cli("explain", "--model", DEEPSEEK_REL, "--platform", "cuda", "--capability", "9.0")
+    assert run.returncode == 4
+    assert "quantization_unsupported" in run.stdout
+
+
+def test_a_scheme_without_an_oracle_description_is_one_error(tmp_path):
+    config = json.loads(Path(QWEN3).read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=2))
+    run = run_cli("explain", "--engine", "vllm", "--model", str(path), "--platform", "cuda")
+    assert run.returncode == 2
+    assert len(run.errors()) == 1
+    line = run.errors()[0]
+    assert line.startswith(f"moe-policy: error: file:{path}:")
+    assert "has no description of its int4 MoE oracle" in line
+
+
+def test_engine_oracle_suffix():
+    assert resolve_engine("vllm/fp8").catalog_path.name == "fp8-backends.yaml"
+    assert resolve_engine("vllm==0.33.0/fp8") == VLLM_0_33.for_quantization("fp8")
+    with pytest.raises(PolicyError, match=r"no 'fp9' oracle \(did you mean 'fp8'\?\)"):
+        resolve_engine("vllm/fp9", "cli:--engine")
+    with pytest.raises(PolicyError, match="engine moe_policy has no 'fp8' oracle"):
+        resolve_engine("moe_policy/fp8")
+
+
+def test_lint_checks_the_fp8_policy_against_its_catalog():
+    run = run_cli("lint", "--engine", "vllm/fp8", FP8_POLICY)
+    assert run.returncode == 0, run.stdout + run.stderr
+    wrong = run_cli("lint", "--engine", "vllm", FP8_POLICY)
+    assert wrong.returncode != 0  # deep_gemm, marlin, ... are not unquantized backends
