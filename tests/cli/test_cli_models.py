@@ -94,4 +94,6 @@ def test_an_unknown_name_lists_exactly_the_listed_models():
 def test_models_takes_no_model_argument():
     run = run_cli("models", "qwen3")
     assert run.returncode == 2 and run.stdout == ""
-    assert "unrecognized arguments: qwen3" in run.stderr
+    assert run.errors() == [
+        "moe-policy: error: cli:qwen3: unexpected argument 'qwen3' (see moe-policy models --help)"
+    ]
