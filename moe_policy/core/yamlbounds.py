@@ -14,6 +14,7 @@ Events come from libyaml when PyYAML has it (the composer is PyYAML's own, with 
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any, ClassVar
 
 import yaml
 from yaml.composer import Composer
-from yaml.constructor import SafeConstructor
+from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import (
     AliasEvent,
     DocumentStartEvent,
@@ -275,14 +276,13 @@ class _PlainResolver(Resolver):  # type: ignore[misc]
 _PlainResolver.add_implicit_resolver(_CORE + "float", _FLOAT, list("-+0123456789."))
 
 
-class _BoundedLoader(_BoundedComposer, *_PARSER_BASES, SafeConstructor, _PlainResolver):  # type: ignore[misc]
+class _BoundedLoader(_BoundedComposer, *_PARSER_BASES, _PlainResolver):  # type: ignore[misc]
     def __init__(self, text: str, path: str, limits: Limits) -> None:
         first, *rest = _PARSER_BASES
         first.__init__(self, text)
         for base in rest:
             base.__init__(self)
         Composer.__init__(self)
-        SafeConstructor.__init__(self)
         _PlainResolver.__init__(self)
         self._bounds_init(path, limits)
 
@@ -299,7 +299,56 @@ def compose_bounded(text: str, path: str, limits: Limits = LIMITS) -> Node | Non
         loader.dispose()
 
 
-def construct(node: Node) -> Any:
-    """Plain Python data of a node from ``compose_bounded`` (an alias stays one shared object)."""
-    constructor = SafeConstructor()
+class _PlainConstructor(SafeConstructor):  # type: ignore[misc]
+    """The safe constructor, with an explicitly tagged scalar that is not of its type
+    (``!!int abc``, ``!!bool maybe``) and an integer of more than ``max_int_digits``
+    digits in any base (``0x`` + 5,000 ``f``, sexagesimal) a marked error, not a
+    ValueError: a value that large cannot even be printed in an error message."""
+
+    def __init__(self, path: str, limits: Limits) -> None:
+        super().__init__()
+        self.path = path
+        # the most bits a number of max_int_digits decimal digits can need
+        self.max_int_bits = math.floor(limits.max_int_digits / math.log10(2))
+
+    def _typed(self, node: ScalarNode, kind: str, build: Any) -> Any:
+        try:
+            return build(self, node)
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise ConstructorError(
+                None, None, f"{node.value[:40]!r} is not {kind}", node.start_mark
+            ) from None
+
+    def construct_yaml_int(self, node: ScalarNode) -> int:
+        value: int = self._typed(node, "an integer", SafeConstructor.construct_yaml_int)
+        if value.bit_length() > self.max_int_bits:
+            mark = node.start_mark
+            raise PolicyError(
+                f"YAML document too large: an integer of more than {_INT_DIGITS:,} digits",
+                Origin.file(self.path, mark.line + 1, mark.column + 1),
+                code="too-large",
+            )
+        return value
+
+    def construct_yaml_float(self, node: ScalarNode) -> float:
+        value: float = self._typed(node, "a number", SafeConstructor.construct_yaml_float)
+        return value
+
+    def construct_yaml_bool(self, node: ScalarNode) -> bool:
+        value: bool = self._typed(node, "a boolean", SafeConstructor.construct_yaml_bool)
+        return value
+
+
+for _tag, _method in (
+    ("int", _PlainConstructor.construct_yaml_int),
+    ("float", _PlainConstructor.construct_yaml_float),
+    ("bool", _PlainConstructor.construct_yaml_bool),
+):
+    _PlainConstructor.add_constructor(_CORE + _tag, _method)
+
+
+def construct(node: Node, path: str, limits: Limits = LIMITS) -> Any:
+    """Plain Python data of a node from ``compose_bounded`` (an alias stays one shared
+    object); a value that is not of its explicit tag's type is PyYAML's marked error."""
+    constructor = _PlainConstructor(path, limits)
     return constructor.construct_document(node)

@@ -105,7 +105,7 @@ def parse_yaml_text(text: str, display_path: str) -> LoadedYaml:
 
     try:
         root = compose_bounded(text, display_path)
-        data = None if root is None else construct(root)
+        data = None if root is None else construct(root, display_path)
     except yaml.reader.ReaderError as exc:
         raise _reader_error(exc, text, display_path) from None
     except yaml.MarkedYAMLError as exc:

@@ -4,6 +4,7 @@ alias is expanded; files that are not regular, too large or not UTF-8 are refuse
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -94,6 +95,12 @@ HOSTILE = [
     ),
     ("huge-int", "version: " + "9" * 4301 + "\n", 1, 10, "4,301 digits", "too-large"),
     ("huge-negative-int", "a: [1, -" + "1" * 5000 + "]\n", 1, 8, "5,000 digits", "too-large"),
+    # 60,000 bits: fine for int(), but no error message could print it
+    ("huge-hex-int", "a: 0x" + "f" * 15000 + "\n", 1, 4, "more than 4,300 digits", "too-large"),
+    ("not-an-int", "parallel: !!int two\n", 1, 11, "'two' is not an integer", "malformed-yaml"),
+    ("not-a-float", "a: !!float x\n", 1, 4, "'x' is not a number", "malformed-yaml"),
+    ("not-a-bool", "a: !!bool maybe\n", 1, 4, "'maybe' is not a boolean", "malformed-yaml"),
+    ("empty-hex", "a: !!int 0x\n", 1, 4, "'0x' is not an integer", "malformed-yaml"),
     ("deep-list", DEEP_LIST, 1, 4 + LIMITS.max_depth - 1, "nested more than 64", "too-large"),
     ("deep-map", DEEP_MAP, 64, 127, "nested more than 64", "too-large"),
     ("alias-deepens", ALIAS_DEEPENS, 2, 34, "alias *a nests the document", "too-large"),
@@ -154,6 +161,16 @@ def test_aliases_within_the_limits_load_and_share_their_value():
     assert rules[0]["when"] == rules[1]["when"] == {"platform": "cuda", "device.capability": "9.0"}
     # positions inside an alias are the anchored node's
     assert str(loaded.origin(("rules", 1, "when", "platform"))) == "file:p.yaml:1:26"
+
+
+def test_the_largest_integer_allowed_still_prints():
+    """The bit limit matches Python's digit limit: the largest hex integer let through can
+    still be formatted into an error message."""
+    bits = math.floor(LIMITS.max_int_digits / math.log10(2))
+    value = parse_yaml_text(f"a: {hex(2**bits - 1)}\n", "p.yaml").data["a"]
+    assert len(str(value)) <= LIMITS.max_int_digits
+    with pytest.raises(PolicyError, match="too large"):
+        parse_yaml_text(f"a: {hex(2**bits)}\n", "p.yaml")
 
 
 def test_plain_values_stay_plain():
