@@ -15,8 +15,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[kernels,test,dev]'
 	touch $(STAMP)
 
-demo: setup
-	bash scripts/demo.sh
+# The demo needs the base package only (no torch): its own small environment, built in
+# seconds. pip's --python installs into an environment created without a pip of its own.
+DEMO_ENV   := .venv-demo
+DEMO_STAMP := $(DEMO_ENV)/.installed-stamp
+
+demo: $(DEMO_STAMP)
+	MOE_POLICY_CLI=$(DEMO_ENV)/bin/moe-policy PYTHON=$(DEMO_ENV)/bin/python bash scripts/demo.sh
+
+$(DEMO_STAMP): pyproject.toml
+	python3 -m venv --without-pip $(DEMO_ENV)
+	python3 -m pip --python $(DEMO_ENV)/bin/python install -q -e .
+	touch $(DEMO_STAMP)
 
 test: setup
 	$(PY) -m pytest -n 2 -q tests
@@ -52,4 +62,4 @@ bench: setup
 	$(PY) -m benchmarks.cli
 
 clean:
-	rm -rf .venv .venv-vllm build dist *.egg-info
+	rm -rf .venv .venv-demo .venv-vllm build dist *.egg-info

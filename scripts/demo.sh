@@ -8,8 +8,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-MOE=${MOE_POLICY_CLI:-.venv/bin/moe-policy}
-PY=${PYTHON:-.venv/bin/python}
+# `make demo` installs the base package (no torch) into .venv-demo; MOE_POLICY_CLI and
+# PYTHON point it at another installation.
+MOE=${MOE_POLICY_CLI:-.venv-demo/bin/moe-policy}
+PY=${PYTHON:-.venv-demo/bin/python}
+for tool in "$MOE" "$PY"; do
+    command -v "$tool" > /dev/null || { echo "demo: $tool not found; run \`make demo\`" >&2; exit 2; }
+done
 MODEL=configs/models/nemotron-3-nano-30b-a3b.json
 H200=(--platform cuda --capability 9.0 --device-name "NVIDIA H200")
 H200_SHOWN='--platform cuda --capability 9.0 --device-name "NVIDIA H200"'
