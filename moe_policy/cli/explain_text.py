@@ -25,7 +25,7 @@ class Layout:
     style: Style = PLAIN
 
     def heading(self, title: str, note: str = "") -> str:
-        return self.style.bold(heading(title, note, self.width))
+        return "\n".join(map(self.style.bold, heading(title, note, self.width).splitlines()))
 
 
 def _origin_and_beaten(origin: str, resolved: Resolved | None) -> str:
