@@ -118,7 +118,11 @@ class Parser(argparse.ArgumentParser):
         if not match:
             return rest
         value = match["value"].strip("'\"")
-        choices = re.findall(r"'((?:[^'\\]|\\.)*)'", match["choices"] or "")
+        listing = match["choices"] or ""
+        # Python < 3.12.8 quotes each choice ('a', 'b'); later versions do not (a, b)
+        choices = re.findall(r"'((?:[^'\\]|\\.)*)'", listing) or [
+            c.strip() for c in listing.split(",") if c.strip()
+        ]
         what = "unknown command" if name == self.command_name else "invalid choice"
         listed = f"; choose from {', '.join(choices)}" if choices else ""
         return f"{what} {value!r}{did_you_mean(value, choices)}{listed}"

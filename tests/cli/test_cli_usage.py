@@ -82,3 +82,17 @@ def test_explain_help_shows_the_output_options():
     text = run_cli("explain", "--help").stdout
     for option in ("-q, --quiet", "-v, --verbose", "--color"):
         assert option in text, option
+
+
+@pytest.mark.parametrize(
+    "listing", ["'console', 'json'", "console, json"], ids=["quoted", "python-3.12.8+"]
+)
+def test_choice_errors_read_the_same_whatever_argparse_version_wrote_them(listing):
+    """argparse quotes the choices before Python 3.12.8 and not after; the line is the same."""
+    from moe_policy.cli.parser import Parser
+
+    message = f"argument --log-format: invalid choice: 'jsn' (choose from {listing})"
+    assert Parser(prog="moe-policy explain").explain_error(message) == (
+        "cli:--log-format: invalid choice 'jsn' (did you mean 'json'?); choose from console, "
+        "json (see moe-policy explain --help)"
+    )
