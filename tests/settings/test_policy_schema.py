@@ -26,7 +26,7 @@ SHIPPED = sorted(
     [
         REPO / "configs/default.yaml",
         *(REPO / "configs/profiles").glob("*.yaml"),
-        *(REPO / "configs/engines").glob("*/default.yaml"),
+        *(REPO / "configs/engines").glob("*/*default.yaml"),
     ]
 )
 TYPE_DEFS = {
@@ -88,9 +88,15 @@ def test_the_schema_knows_every_context_key_with_its_type_and_choices():
 
 
 def test_the_backend_names_are_every_engines_catalog():
-    names = {
-        name for profiles in PROFILES.values() for p in profiles for name in load_catalog(p).names
-    }
+    """Every engine's backends, those of its quantized oracles (``vllm/fp8``) included."""
+    engines = [
+        profile.for_quantization(scheme)
+        for profiles in PROFILES.values()
+        for p in profiles
+        for profile, scheme in ((p, "none"), *((p, s) for s in p.oracles))
+    ]
+    assert len(engines) > len(PROFILES)
+    names = {name for engine in engines for name in load_catalog(engine).names}
     assert set(DEFS["backend"]["enum"]) == names
 
 
