@@ -15,7 +15,7 @@ from moe_policy.core.textfile import check_regular
 from moe_policy.core.yamlio import load_yaml_file, memoized_parse
 from moe_policy.errors import PolicyError
 from moe_policy.settings.base import Entry, FileInfo, Source, SourceOutput
-from moe_policy.settings.interpolation import environment_used
+from moe_policy.settings.interpolation import ALLOWED_VARIABLES, environment_used
 from moe_policy.settings.schema import parse_policy_document
 
 if TYPE_CHECKING:
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 class PolicyFilesSource(Source):
     """Reads each policy file; a missing file is an error naming where it was listed.
 
-    ``environ`` is what ``audit.path`` may interpolate (``settings.interpolation``);
-    None reads ``os.environ``.
+    ``environ`` is where ``audit.path`` interpolates from (``settings.interpolation``);
+    None reads ``os.environ``. Only the variables a policy may name are kept.
     """
 
     layer = "policy file"
@@ -35,7 +35,10 @@ class PolicyFilesSource(Source):
         self, files: Sequence[tuple[str, Origin]], environ: Mapping[str, str] | None = None
     ) -> None:
         self.files = tuple(files)
-        self.environ: Mapping[str, str] = dict(os.environ if environ is None else environ)
+        source = os.environ if environ is None else environ
+        self.environ: Mapping[str, str] = {
+            name: source[name] for name in ALLOWED_VARIABLES if name in source
+        }
 
     def __repr__(self) -> str:
         return f"PolicyFilesSource({[path for path, _ in self.files]!r})"
