@@ -103,7 +103,7 @@ class Parser(argparse.ArgumentParser):
                 flag = first.split("=", 1)[0]
                 hint = did_you_mean(flag, self._option_strings())
                 return flag, f"unknown option{hint}"
-            return first, f"unexpected argument {first!r}"
+            return first, "unexpected argument"
         match = _AMBIGUOUS.match(message)
         if match:
             return match["option"], f"ambiguous option: could be {match['matches']}"

@@ -41,7 +41,7 @@ CASES = [
     ),
     (
         ("explain", *MODEL, "stray"),
-        "moe-policy: error: cli:stray: unexpected argument 'stray' (see moe-policy explain --help)",
+        "moe-policy: error: cli:stray: unexpected argument (see moe-policy explain --help)",
     ),
     (
         ("diff", "a.jsonl"),

@@ -4,7 +4,7 @@
   also 1 (changes found).
 - Exit 2 prints exactly one line that is not a JSON event, ``moe-policy: error: ORIGIN: ...``
   where ORIGIN names the file, variable or flag (``file:PATH[:LINE:COL]``, ``env:NAME``,
-  ``cli:--flag``, ...).
+  ``cli:--flag``, ``cli:COMMAND`` for a positional argument, ...).
 - No traceback, no hang, peak resident memory under :data:`PEAK_MB`.
 - The secret in every case's environment appears in no output and no file the run wrote.
 """
@@ -26,7 +26,7 @@ EXIT_CODES = {
 }
 #: ``moe-policy: error: <origin>: message``; the origin kinds of moe_policy.core.origin.
 ERROR_LINE = re.compile(
-    r"^moe-policy: error: (file:.+?|env:[^\s:]+|cli:--?[\w-]+|api:?\S*|default|probe:?\S*|derived:\S+)(: | \()"
+    r"^moe-policy: error: (file:.+?|env:[^\s:]+|cli:[^\s:]+|api:?\S*|default|probe:?\S*|derived:\S+)(: | \()"
 )
 
 
