@@ -91,8 +91,8 @@ def report(outcomes: list[Outcome], seconds: float) -> int:
     hangs = sum(o.timed_out for o in outcomes)
     tracebacks = sum(bool(o.traceback) and not o.timed_out for o in outcomes)
     peak = max(outcomes, key=lambda o: o.peak_kb)
-    no_position = sum(
-        1
+    no_position = Counter(
+        _without_position(o.stderr)
         for o in outcomes
         if o.rc == 2 and "error: file:" in o.stderr and not _has_position(o.stderr)
     )
@@ -104,7 +104,9 @@ def report(outcomes: list[Outcome], seconds: float) -> int:
     )
     print(f"slowest case: {slowest.seconds:.2f} s ({slowest.case.kind}: {slowest.case.note})")
     print(f"descriptors left open after a case: {sum(o.fd_leak > 0 for o in outcomes)} cases")
-    print(f"file errors without line:col: {no_position}")
+    print(f"file errors without line:col: {sum(no_position.values())}")
+    for message, n in no_position.most_common(8):
+        print(f"  {n:5} x {message}")
     failed = sum(len(v) for v in classes.values())
     print(f"contract violations: {failed} in {len(classes)} classes")
     for name, found in sorted(classes.items(), key=lambda item: -len(item[1])):
@@ -115,6 +117,15 @@ def report(outcomes: list[Outcome], seconds: float) -> int:
         if outcome.traceback:
             print("  " + "\n  ".join(outcome.traceback.strip().splitlines()[-6:]))
     return failed
+
+
+def _without_position(stderr: str) -> str:
+    """The message of a file error, its path left out (for counting alike errors)."""
+    import re
+
+    line = next((x for x in stderr.splitlines() if x.startswith("moe-policy: error: file:")), "")
+    message = line.partition("error: file:")[2]
+    return re.sub(r"^\S*?: ", "", message)[:70]
 
 
 def _has_position(stderr: str) -> bool:
