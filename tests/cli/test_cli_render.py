@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from moe_policy.cli.explain_text import render
+from moe_policy.cli.explain_text import Layout, render
 from moe_policy.cli.table import table, wrap
 from tests.bundled import MODELS, REPO
 
@@ -64,3 +66,43 @@ def test_wrap_keeps_continuations_of_indented_lines_indented():
 def test_table_marks_empty_cells():
     """None and empty strings render as '-' so columns never look shifted."""
     assert table([("a", None, "")], ("x", "y", "z")).splitlines()[-1].split() == ["a", "-", "-"]
+
+
+def _words(text: str) -> Counter[str]:
+    """Words cut after each '/' (where a path may wrap), without table rules and dashes."""
+    pieces = (p for word in text.split() for p in re.findall(r"[^/]*/+|[^/]+", word))
+    return Counter(p for p in pieces if not re.fullmatch(r"[-=]+", p))
+
+
+@pytest.mark.parametrize("width", [60, 80, 160])
+@pytest.mark.parametrize("situation", sorted(SITUATIONS))
+@pytest.mark.parametrize("model", sorted(p.name for p in Path(MODELS).glob("*.json")))
+def test_report_wraps_only_between_words_at_any_width(
+    make_selector, monkeypatch, model, situation, width
+):
+    """At 60, 80 and 160 columns the report has exactly the words of the unwrapped one (no
+    identifier or path piece split); at 80 and 160 every line fits."""
+    monkeypatch.chdir(REPO)
+    environ, arguments = SITUATIONS[situation]
+    path = str(Path(MODELS, model).relative_to(REPO))
+    selector = make_selector(
+        path,
+        environ=environ,
+        policy_files=["configs/profiles/prefer-trtllm-lora.yaml"],
+        **arguments,
+    )
+    explanation = selector.explain()
+    text = render(explanation, path, Layout(width=width))
+    assert _words(text) == _words(render(explanation, path, Layout(width=100_000)))
+    if width >= 80:  # at 60, a row of long codes (device_capability_unsupported) overflows
+        assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_wrap_never_cuts_an_identifier_and_cuts_a_long_path_after_a_slash():
+    """A word wider than the column overflows it; a path wider than it breaks after '/'."""
+    assert wrap("key device.capability", 8).splitlines() == ["key", "device.capability"]
+    assert wrap("file:/a/bb/ccc/dddd.yaml:1:2", 12).splitlines() == [
+        "file:/a/bb/",
+        "ccc/",
+        "dddd.yaml:1:2",
+    ]
