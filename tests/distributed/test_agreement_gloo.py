@@ -190,3 +190,10 @@ def test_outcome_is_audited_once_per_rank(results, group_dir):
         )
         assert {"timestamp", "host", "pid", "layers", "mismatched_layers"} <= set(record)
     assert any(x.get("kind") is None for x in lines)  # the decisions themselves are audited too
+    import jsonschema
+
+    import moe_policy
+
+    validator = jsonschema.Draft202012Validator(moe_policy.schema("audit"))
+    for line in lines:  # both kinds, as the ranks wrote them into one file
+        validator.validate(line)
