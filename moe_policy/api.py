@@ -203,7 +203,7 @@ class Selector:
         values = dict(self.context.values)
         origins = dict(self.context.origins)
         if layer_index is not None:
-            values["layer.index"] = int(layer_index)
+            values["layer.index"] = coerce_value("layer.index", layer_index, "api:layer_index")
             origins["layer.index"] = "api"
         if layer_kind is not None:
             values["layer.kind"] = coerce_value("layer.kind", layer_kind, "api:layer_kind")
@@ -215,6 +215,8 @@ class Selector:
         key = (layer_index, layer_kind)
         decision = self._layers.get(key)
         if decision is None:
+            if layer_index is not None:
+                coerce_value("layer.index", layer_index, "api:layer_index")
             with self._lock:
                 if layer_index is not None and "layer.index" in self.resolver.excluded_keys:
                     # The index does not decide: reuse the kind's decision, relabelled.

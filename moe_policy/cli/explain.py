@@ -1,8 +1,8 @@
 """``moe-policy explain``: decide like a real selection and show why.
 
 Every flag becomes an explicit entry whose origin is ``cli:--flag``; ``--set
-key=value`` sets any context or settings key (origin ``cli:--set``, values parsed
-as an OmegaConf dotlist, applied after the named flags). The decision is then
+key=value`` sets any context or settings key (origin ``cli:--set``, the value read as
+the key's type, applied after the named flags). The decision is then
 reported exactly as an engine's ``Selector.select`` would: events on stderr,
 the audit line, a refusal in strict mode.
 """
@@ -13,15 +13,30 @@ import argparse
 import json
 import sys
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from moe_policy.cli.logsetup import LOG_FORMATS
 from moe_policy.core.keys import PLATFORMS
 from moe_policy.core.origin import Origin
+from moe_policy.core.values import capability_from_text, int_from_text
 from moe_policy.errors import BackendOverrideWarning, PolicyError, did_you_mean
 from moe_policy.settings import Entry
+
+
+def typed(key: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type=`` for ``key``: ``parse`` (``moe_policy.core.values``) or a usage
+    error naming the key; the range checks come later, where API values get them too."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{key}: {exc}") from None
+
+    return convert
+
 
 #: Flags that set one key each: (flag, key, argparse options). The flag is the origin.
 FLAG_KEYS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -32,8 +47,24 @@ FLAG_KEYS: tuple[tuple[str, str, dict[str, Any]], ...] = (
         "lora.enabled",
         {"action": "store_const", "const": True, "help": "LoRA adapters are served"},
     ),
-    ("--max-lora-rank", "lora.max_rank", {"metavar": "N", "help": "largest adapter rank"}),
-    ("--max-loras", "lora.max_loras", {"metavar": "N", "help": "adapter slots per batch"}),
+    (
+        "--max-lora-rank",
+        "lora.max_rank",
+        {
+            "type": typed("lora.max_rank", int_from_text),
+            "metavar": "N",
+            "help": "largest adapter rank",
+        },
+    ),
+    (
+        "--max-loras",
+        "lora.max_loras",
+        {
+            "type": typed("lora.max_loras", int_from_text),
+            "metavar": "N",
+            "help": "adapter slots per batch",
+        },
+    ),
     (
         "--platform",
         "platform",
@@ -42,12 +73,28 @@ FLAG_KEYS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (
         "--capability",
         "device.capability",
-        {"metavar": "X.Y", "help": "CUDA compute capability (dry run)"},
+        {
+            "type": typed("device.capability", capability_from_text),
+            "metavar": "X.Y",
+            "help": "CUDA compute capability (dry run)",
+        },
     ),
     ("--device-name", "device.name", {"metavar": "NAME", "help": "device name (dry run)"}),
     ("--dtype", "model.dtype", {"metavar": "bf16|fp16|fp32", "help": "override the model's dtype"}),
-    ("--tp", "parallel.tp", {"metavar": "N", "help": "tensor-parallel size"}),
-    ("--dp", "parallel.dp", {"metavar": "N", "help": "data-parallel size"}),
+    (
+        "--tp",
+        "parallel.tp",
+        {
+            "type": typed("parallel.tp", int_from_text),
+            "metavar": "N",
+            "help": "tensor-parallel size",
+        },
+    ),
+    (
+        "--dp",
+        "parallel.dp",
+        {"type": typed("parallel.dp", int_from_text), "metavar": "N", "help": "data-parallel size"},
+    ),
     ("--ep", "parallel.ep", {"action": "store_const", "const": True, "help": "expert parallelism"}),
     (
         "--all2all",
@@ -153,35 +200,11 @@ def flag_entries(args: argparse.Namespace) -> list[Entry]:
     ]
 
 
-def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
-    if isinstance(value, Mapping) and value:
-        for key, sub in value.items():
-            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), sub)
-    else:
-        yield prefix, value
-
-
 def set_entries(items: Sequence[str]) -> list[Entry]:
-    """``--set key=value`` items as explicit entries (OmegaConf dotlist syntax)."""
-    if not items:
-        return []
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    """``--set key=value`` items as explicit entries, each value read as its key's type."""
+    from moe_policy.settings.explicit import set_entry
 
-    origin = Origin.cli("--set")
-    entries: list[Entry] = []
-    for item in items:
-        key, sep, _ = item.partition("=")
-        if not sep or not key.strip():
-            raise PolicyError(f"expected KEY=VALUE, got {item!r}", origin)
-        try:
-            data = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=True)
-        except OmegaConfBaseException as exc:
-            raise PolicyError(
-                f"cannot parse {item!r}: {str(exc).splitlines()[0]}", origin
-            ) from None
-        entries.extend(Entry(k, v, origin) for k, v in _flatten("", data))
-    return entries
+    return [set_entry(item, Origin.cli("--set")) for item in items]
 
 
 def _report(selector: Any, decision: Any) -> None:

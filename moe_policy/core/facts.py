@@ -121,6 +121,35 @@ def _vllm_layout(values: Mapping[str, Any]) -> tuple[int, int, str, str]:
     return (flat if use_ep else 1), (1 if use_ep else flat), (all2all if kernels else "none"), why
 
 
+def _blame(origins: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
+    """The origin to name for a check across ``keys``: the first set explicitly (an
+    override beats the config file it contradicts), else the first known."""
+    known = [origins[k] for k in keys if origins.get(k, "default") != "default"]
+    explicit = [o for o in known if not o.startswith("file:")]
+    chosen = explicit or known
+    return chosen[0] if chosen else None
+
+
+def _check_against_experts(
+    values: Mapping[str, Any], origins: Mapping[str, str], experts: int, ep_size: int
+) -> None:
+    """The checks a config.json is held to, whoever set the values (an override too)."""
+    top_k = values["model.top_k"]
+    if top_k > experts:
+        raise PolicyError(
+            f"model.top_k {top_k} exceeds model.num_experts {experts}",
+            _blame(origins, ("model.top_k", "model.num_experts")),
+            key="model.top_k",
+        )
+    if ep_size > experts:
+        raise PolicyError(
+            f"an expert-parallel group of {ep_size} ranks (parallel.ep_size) exceeds "
+            f"model.num_experts {experts}: some ranks would hold no expert",
+            _blame(origins, ("parallel.tp", "parallel.dp", "parallel.ep", "model.num_experts")),
+            key="parallel.ep_size",
+        )
+
+
 def _put_platform(put: Any, facts: PlatformFacts) -> None:
     origin = facts.origin
     put("platform", facts.platform, origin)
@@ -142,6 +171,7 @@ def _derive(
     values["parallel.ep_size"] = ep_size
     origins["parallel.ep_size"] = str(Origin.derived("parallel.ep, parallel.tp, parallel.dp"))
     experts = values["model.num_experts"]
+    _check_against_experts(values, origins, experts, ep_size)
     values["model.local_experts"] = -(-experts // ep_size)
     origins["model.local_experts"] = str(Origin.derived("model.num_experts / parallel.ep_size"))
     inter = values["model.intermediate_size"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from moe_policy.core import values
 from moe_policy.core.origin import Origin
 from moe_policy.errors import PolicyError, did_you_mean
 
@@ -89,6 +90,8 @@ class KeySpec:
     rank_local: bool = False
     #: Computed from other keys; cannot be set.
     derived: bool = False
+    #: The smallest value an int key takes (sizes are positive, counts and indices >= 0).
+    minimum: int | None = None
 
 
 CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
@@ -118,22 +121,24 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "model.quant.symmetric": KeySpec("bool", "integer weights without zero points"),
         "model.activation": KeySpec("str", "expert activation", ACTIVATIONS),
         "model.gated": KeySpec("bool", "act(gate) * up (true) or act(up) (false, e.g. relu2)"),
-        "model.num_experts": KeySpec("int", "routed experts in the model"),
+        "model.num_experts": KeySpec("int", "routed experts in the model", minimum=1),
         "model.local_experts": KeySpec("int", "routed experts on one rank", derived=True),
-        "model.top_k": KeySpec("int", "experts per token"),
-        "model.hidden_size": KeySpec("int", "hidden size H"),
-        "model.intermediate_size": KeySpec("int", "expert intermediate size I (whole expert)"),
+        "model.top_k": KeySpec("int", "experts per token", minimum=1),
+        "model.hidden_size": KeySpec("int", "hidden size H", minimum=1),
+        "model.intermediate_size": KeySpec(
+            "int", "expert intermediate size I (whole expert)", minimum=1
+        ),
         "model.intermediate_size_per_partition": KeySpec(
             "int", "I on one rank (I / tp without expert parallelism)", derived=True
         ),
-        "model.shared_experts": KeySpec("int", "shared experts beside the routed ones"),
+        "model.shared_experts": KeySpec("int", "shared experts beside the routed ones", minimum=0),
         "model.routing": KeySpec("str", "routing method", ROUTINGS),
         "model.router_weight_on_input": KeySpec(
             "bool", "router weight applied to the input (Llama-4)"
         ),
         "model.has_bias": KeySpec("bool", "expert projections carry biases (gpt-oss)"),
-        "parallel.tp": KeySpec("int", "tensor-parallel size"),
-        "parallel.dp": KeySpec("int", "data-parallel size"),
+        "parallel.tp": KeySpec("int", "tensor-parallel size", minimum=1),
+        "parallel.dp": KeySpec("int", "data-parallel size", minimum=1),
         "parallel.ep": KeySpec("bool", "expert parallelism enabled"),
         "parallel.ep_size": KeySpec("int", "expert-parallel group size", derived=True),
         "parallel.all2all": KeySpec("str", "all2all (prepare/finalize) kind", ALL2ALL_KINDS),
@@ -149,11 +154,11 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "parallel.sp": KeySpec("bool", "sequence parallelism in the MoE layers"),
         "parallel.eplb": KeySpec("bool", "expert-parallel load balancing"),
         "lora.enabled": KeySpec("bool", "LoRA adapters are served"),
-        "lora.max_rank": KeySpec("int", "largest adapter rank"),
-        "lora.max_loras": KeySpec("int", "adapter slots resident per batch"),
+        "lora.max_rank": KeySpec("int", "largest adapter rank", minimum=1),
+        "lora.max_loras": KeySpec("int", "adapter slots resident per batch", minimum=1),
         "lora.fully_sharded": KeySpec("bool", "LoRA weights sharded across tensor-parallel ranks"),
         "layer.kind": KeySpec("str", "layer kind (draft/mtp for speculative layers)", LAYER_KINDS),
-        "layer.index": KeySpec("int", "layer index in the model", rank_local=True),
+        "layer.index": KeySpec("int", "layer index in the model", rank_local=True, minimum=0),
         "batch_invariant": KeySpec(
             "bool", "batch-invariant kernels required (VLLM_BATCH_INVARIANT)"
         ),
@@ -191,26 +196,10 @@ def format_capability(value: Any) -> str:
     return f"{major}.{minor}"
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def coerce_bool(value: Any) -> bool:
-    """Booleans from YAML, env or flags; anything else is a ValueError."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"expected a boolean (true/false/1/0), got {value!r}")
-
-
 def coerce_value(key: str, value: Any, origin: Origin | str) -> Any:
-    """Validate and normalise a context value; PolicyError names the key and origin."""
+    """Validate and normalise a typed context value (``moe_policy.core.values``: a boolean
+    is a boolean, an integer an integer within the key's minimum, a capability
+    ``MAJOR.MINOR``, a string a string); PolicyError names the key and origin."""
     spec = CONTEXT_KEYS.get(key)
     if spec is None:
         raise PolicyError(
@@ -223,26 +212,30 @@ def coerce_value(key: str, value: Any, origin: Origin | str) -> Any:
         return None
     try:
         if spec.type == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(f"expected an integer, got {value!r}")
-            result: Any = int(str(value).strip()) if isinstance(value, str) else int(value)
+            result: Any = values.parse_int(value)
+            if spec.minimum is not None and result < spec.minimum:
+                raise PolicyError(
+                    f"{key} must be at least {spec.minimum}, got {result}", origin, key=key
+                )
         elif spec.type == "bool":
-            result = coerce_bool(value)
+            result = values.parse_bool(value)
         elif spec.type == "capability":
-            result = format_capability(value)
+            result = values.parse_capability(value)
         elif spec.type == "list":
-            if isinstance(value, str):
-                items = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
-            elif isinstance(value, (list, tuple, set, frozenset)):
-                items = [str(v) for v in value]
-            else:
-                raise ValueError(f"expected a list, got {value!r}")
-            result = tuple(sorted(set(items)))
+            if not isinstance(value, (list, tuple, set, frozenset)) or not all(
+                isinstance(v, str) for v in value
+            ):
+                raise ValueError(f"expected a list of names, got {values.shown(value)}")
+            result = tuple(sorted({v.strip() for v in value if v.strip()}))
         else:
-            result = str(value).strip()
+            if not isinstance(value, str):
+                raise ValueError(f"expected a string, got {values.shown(value)}")
+            result = value.strip()
             if spec.type == "str" and spec.choices is not None:
                 result = result.lower()
     except ValueError as exc:
+        if isinstance(exc, PolicyError):
+            raise
         raise PolicyError(f"{key}: {exc}", origin, key=key) from None
     if spec.choices is not None and result not in spec.choices:
         raise PolicyError(

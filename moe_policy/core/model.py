@@ -13,6 +13,7 @@ from typing import Any
 
 from moe_policy.core import paths, quantization
 from moe_policy.core.origin import Origin
+from moe_policy.core.values import parse_bool, parse_int, shown
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError, did_you_mean
 
@@ -159,17 +160,24 @@ def _int_field(
         )
     values = {}
     for name, value, origin in hits:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise PolicyError(
-                f"{name}: {what} must be a positive integer, got {value!r}", origin, key=name
-            )
-        values[name] = (value, origin)
+        count = _typed(parse_int, (name, value, origin), f"{what} (a positive integer)", minimum=1)
+        values[name] = (count, origin)
     distinct = {v for v, _ in values.values()}
     if len(distinct) > 1:
         listing = ", ".join(f"{name}={v} ({o})" for name, (v, o) in values.items())
         raise PolicyError(f"contradictory {what}: {listing}", hits[0][2], key=hits[0][0])
     name, value, origin = hits[0]
     return value, origin
+
+
+def _typed(parse: Any, hit: tuple[str, Any, Origin], what: str, **limits: Any) -> Any:
+    """``parse(value)`` (``moe_policy.core.values``), or a PolicyError naming the key and
+    its file:line:col: a count is an integer (not ``true``, not ``2.7``), a flag a boolean."""
+    name, value, origin = hit
+    try:
+        return parse(value, **limits)
+    except ValueError as exc:
+        raise PolicyError(f"{name}: {what}: {exc}", origin, key=name) from None
 
 
 def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
@@ -183,8 +191,20 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     arch = reader.first(("architectures",))
     if arch is not None:
         value = arch[1][0] if isinstance(arch[1], list) and arch[1] else arch[1]
-        facts["model.architecture"] = (str(value), arch[2])
+        if not isinstance(value, str) or not value.strip():
+            raise PolicyError(
+                f"{arch[0]}: expected a list of class names, got {shown(arch[1])}",
+                arch[2],
+                key=arch[0],
+            )
+        facts["model.architecture"] = (value, arch[2])
     model_type_hit = reader.first(("model_type",))
+    if model_type_hit is not None and not isinstance(model_type_hit[1], str):
+        raise PolicyError(
+            f"model_type: expected a string, got {shown(model_type_hit[1])}",
+            model_type_hit[2],
+            key="model_type",
+        )
     model_type = str(model_type_hit[1]) if model_type_hit else ""
 
     num_experts = _int_field(reader, EXPERT_KEYS, "expert count", path)
@@ -200,6 +220,7 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     hidden = _int_field(reader, HIDDEN_KEYS, "hidden size", path)
     assert hidden is not None
     facts["model.hidden_size"] = hidden
+    _refuse_null_expert_size(reader)
     inter_hit = reader.first(INTERMEDIATE_KEYS)
     if inter_hit is None:
         raise PolicyError(
@@ -207,11 +228,8 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
             _doc_origin(loaded),
             key=INTERMEDIATE_KEYS[0],
         )
-    if isinstance(inter_hit[1], bool) or not isinstance(inter_hit[1], int) or inter_hit[1] <= 0:
-        raise PolicyError(
-            f"{inter_hit[0]}: must be a positive integer, got {inter_hit[1]!r}", inter_hit[2]
-        )
-    facts["model.intermediate_size"] = (inter_hit[1], inter_hit[2])
+    inter = _typed(parse_int, inter_hit, "expert intermediate size", minimum=1)
+    facts["model.intermediate_size"] = (inter, inter_hit[2])
 
     # Activation and gating.
     act_hit = reader.first(ACTIVATION_KEYS)
@@ -236,7 +254,7 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     activation = facts["model.activation"][0]
     gated_hit = reader.first(("is_gated", "gated"))
     if gated_hit is not None:
-        facts["model.gated"] = (bool(gated_hit[1]), gated_hit[2])
+        facts["model.gated"] = (_typed(parse_bool, gated_hit, "gating"), gated_hit[2])
     elif activation == "relu2" or model_type in _NON_GATED_TYPES:
         facts["model.gated"] = (False, facts["model.activation"][1])
     else:
@@ -253,11 +271,15 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     # Shared experts.
     shared = reader.first(SHARED_KEYS)
     if shared is not None:
-        facts["model.shared_experts"] = (int(shared[1]), shared[2])
+        count = _typed(parse_int, shared, "shared expert count", minimum=0)
+        facts["model.shared_experts"] = (count, shared[2])
     else:
         size = reader.first(SHARED_SIZE_KEYS)
-        count = 1 if size is not None and int(size[1]) > 0 else 0
-        facts["model.shared_experts"] = (count, size[2] if size else Origin("default"))
+        width = _typed(parse_int, size, "shared expert size", minimum=0) if size else 0
+        facts["model.shared_experts"] = (
+            1 if width > 0 else 0,
+            size[2] if size else Origin("default"),
+        )
 
     dtype = reader.first(DTYPE_KEYS)
     if dtype is not None:
@@ -268,6 +290,13 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     else:
         facts["model.dtype"] = ("bf16", Origin("default"))
 
+    quant = reader.first(("quantization_config",))
+    if quant is not None and not isinstance(quant[1], Mapping):
+        raise PolicyError(
+            f"{quant[0]}: expected a mapping (with quant_method), got {shown(quant[1])}",
+            quant[2],
+            key=quant[0],
+        )
     facts.update(quantization.from_config(loaded))
 
     facts["model.routing"] = _routing(reader, model_type, facts)
@@ -277,6 +306,22 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     )
     facts.setdefault("model.has_bias", (False, Origin("default")))
     return ModelFacts(path, facts)
+
+
+def _refuse_null_expert_size(reader: _Reader) -> None:
+    """An expert-specific intermediate size given as null is an error: the dense
+    ``intermediate_size`` is not the experts' size, so it is never used in its place."""
+    for prefix, scope in reader.scopes:
+        for key in INTERMEDIATE_KEYS[:-1]:
+            found, value = _lookup(scope, key)
+            if found and value is None:
+                name = ".".join((*prefix, key))
+                raise PolicyError(
+                    f"{name}: the expert intermediate size is null (the dense "
+                    "intermediate_size is not used in its place; give the experts' size)",
+                    reader.origin(prefix, key),
+                    key=name,
+                )
 
 
 def _routing(
@@ -298,7 +343,9 @@ def _routing(
         return "sigmoid", scoring[2]
     norm = reader.first(("norm_topk_prob",))
     if norm is not None:
-        return ("renormalize" if norm[1] else "softmax"), norm[2]
+        return (
+            "renormalize" if _typed(parse_bool, norm, "top-k renormalisation") else "softmax"
+        ), norm[2]
     return "renormalize", Origin("default")
 
 

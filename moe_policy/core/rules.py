@@ -24,6 +24,7 @@ from typing import Any
 from moe_policy.core.keys import CONTEXT_KEYS, coerce_value, parse_capability
 from moe_policy.core.origin import Origin
 from moe_policy.core.problems import ProblemSink
+from moe_policy.core.values import parse_bool, parse_int, shown
 from moe_policy.errors import PolicyError, did_you_mean
 
 EFFECTS = ("forbid", "require", "prefer", "demote")
@@ -151,6 +152,14 @@ def parse_conditions(
             )
             continue
         if isinstance(spec, Mapping):
+            if not spec:
+                sink.add(
+                    "error",
+                    "invalid-value",
+                    f"{key}: an empty mapping of operators would drop the condition "
+                    f"(expected one of {', '.join(OPERATORS)})",
+                    where,
+                )
             for op, operand in spec.items():
                 if op not in OPERATORS:
                     sink.add(
@@ -175,32 +184,74 @@ def parse_conditions(
     return tuple(conditions)
 
 
+#: Operators that order values: only integer and compute-capability keys have an order.
+ORDERING = ("gt", "ge", "lt", "le")
+ORDERED_TYPES = ("int", "capability")
+
+
 def _make_condition(
     key: str, op: str, operand: Any, origin: Origin, sink: ProblemSink
 ) -> Condition | None:
+    """One condition, or None after an error to ``sink``.
+
+    This is the only validator of rule operands: loading and ``moe-policy lint`` both
+    come here, so a condition that exists can be evaluated on any valid value of its key.
+    """
     try:
-        if op == "exists":
-            return Condition(key, op, bool(operand))
-        if op in ("multiple_of", "not_multiple_of"):
-            if isinstance(operand, bool) or not isinstance(operand, int) or operand <= 0:
-                raise PolicyError(f"{key}: {op} needs a positive integer, got {operand!r}", origin)
-            return Condition(key, op, operand)
-        if op in ("in", "not_in"):
-            if not isinstance(operand, (list, tuple)):
-                raise PolicyError(f"{key}: {op} needs a list, got {operand!r}", origin)
-            if CONTEXT_KEYS[key].type == "list":
-                return Condition(key, op, tuple(str(v) for v in operand))
-            values = tuple(coerce_value(key, v, origin) for v in operand)
-            return Condition(key, op, values)
-        if CONTEXT_KEYS[key].type == "list":
-            # `packages: flashinfer` means "flashinfer is among the packages".
-            if op not in ("eq", "ne"):
-                raise PolicyError(f"{key}: a list key takes eq/ne/in/not_in, not {op}", origin)
-            return Condition(key, op, str(operand))
-        return Condition(key, op, coerce_value(key, operand, origin))
+        return Condition(key, op, condition_operand(key, op, operand, origin))
     except PolicyError as exc:
         sink.add("error", exc.code, exc.message, origin)
         return None
+
+
+def condition_operand(key: str, op: str, operand: Any, origin: Origin | str) -> Any:
+    """The normalised operand of ``key: {op: operand}``; PolicyError when it cannot be
+    evaluated on the key's values (wrong type, an operator the key's type has not, null)."""
+    key_type = CONTEXT_KEYS[key].type
+    if op == "exists":
+        try:
+            return parse_bool(operand)
+        except ValueError as exc:
+            raise PolicyError(f"{key}: exists: {exc}", origin) from None
+    if op in ("multiple_of", "not_multiple_of"):
+        if key_type != "int":
+            raise PolicyError(
+                f"{key}: {op} applies to integer keys only ({key} is a {key_type} key)", origin
+            )
+        try:
+            return parse_int(operand, minimum=1)
+        except ValueError:
+            raise PolicyError(
+                f"{key}: {op} needs a positive integer, got {shown(operand)}", origin
+            ) from None
+    if op in ORDERING and key_type not in ORDERED_TYPES:
+        raise PolicyError(
+            f"{key}: {op} orders values, and a {key_type} key has no order "
+            "(use eq, ne, in or not_in)",
+            origin,
+        )
+    if op in ("in", "not_in"):
+        if not isinstance(operand, (list, tuple)) or not operand:
+            raise PolicyError(f"{key}: {op} needs a non-empty list, got {operand!r}", origin)
+        return tuple(_scalar_operand(key, key_type, op, item, origin) for item in operand)
+    return _scalar_operand(key, key_type, op, operand, origin)
+
+
+def _scalar_operand(key: str, key_type: str, op: str, operand: Any, origin: Origin | str) -> Any:
+    if operand is None:
+        raise PolicyError(
+            f"{key}: a null operand never matches (a condition on an unknown value does "
+            f"not hold); write `{key}: {{exists: false}}` to match an unknown {key}",
+            origin,
+        )
+    if key_type == "list":
+        # `packages: flashinfer` means "flashinfer is among the packages".
+        if op not in ("eq", "ne", "in", "not_in"):
+            raise PolicyError(f"{key}: a list key takes eq/ne/in/not_in, not {op}", origin)
+        if not isinstance(operand, str) or not operand.strip():
+            raise PolicyError(f"{key}: expected a package name, got {shown(operand)}", origin)
+        return operand.strip()
+    return coerce_value(key, operand, origin)
 
 
 def parse_rule(
@@ -267,6 +318,14 @@ def parse_rule(
         )
         reason = ""
     link = raw.get("link")
+    if link is not None and not isinstance(link, str):
+        sink.add(
+            "error",
+            "invalid-type",
+            f"rule {rule_id}: `link` must be a string, got {shown(link)}",
+            origin_at((*path, "link")),
+        )
+        link = None
     conditions = parse_conditions(raw.get("when"), origin_at, (*path, "when"), sink)
     if effect not in EFFECTS or action not in ACTIONS:
         return None

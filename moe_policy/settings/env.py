@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from moe_policy.core.decision import Notice
-from moe_policy.core.keys import coerce_bool
 from moe_policy.core.origin import Origin
+from moe_policy.core.values import bool_from_text
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry, Source, SourceOutput
 from moe_policy.settings.schema import validate_setting
@@ -81,7 +81,7 @@ class EnvSource(Source):
 
     def _bool(self, name: str) -> bool:
         try:
-            return coerce_bool(self.environ[name])
+            return bool_from_text(self.environ[name])
         except ValueError as exc:
             raise PolicyError(str(exc), Origin.env(name), key=name) from None
 
@@ -106,7 +106,9 @@ class EnvSource(Source):
             if raw.strip() == "":
                 out.notices.append(Notice(name, str(origin), "set but empty; ignored"))
                 continue
-            out.settings.append(Entry(key, validate_setting(key, raw, origin, catalog), origin))
+            out.settings.append(
+                Entry(key, validate_setting(key, raw, origin, catalog, as_text=True), origin)
+            )
         return out
 
     def _load_vllm(self, out: SourceOutput, catalog: Catalog) -> None:

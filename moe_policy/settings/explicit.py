@@ -1,4 +1,9 @@
-"""Explicit values from API arguments or CLI flags: the highest layer."""
+"""Explicit values from API arguments or CLI flags: the highest layer.
+
+Their values pass the same typed validation as a model's config.json values
+(``moe_policy.core.keys.coerce_value``): positive sizes, booleans that are booleans;
+the checks across keys (``top_k <= num_experts``, ``ep_size <= num_experts``) run on the
+assembled context (``moe_policy.core.facts``)."""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from moe_policy.core.keys import CONTEXT_KEYS, coerce_value
+from moe_policy.core.origin import Origin
+from moe_policy.core.values import from_text
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry, Source, SourceOutput
 from moe_policy.settings.schema import SETTINGS_KEYS, validate_setting
@@ -38,6 +45,13 @@ class ExplicitSource(Source):
                         entry.origin,
                         key=entry.key,
                     )
+                if entry.value is None:
+                    raise PolicyError(
+                        f"{entry.key}: no value given (an override sets a value; leave the "
+                        "key out to keep the model's or the default)",
+                        entry.origin,
+                        key=entry.key,
+                    )
                 value = coerce_value(entry.key, entry.value, entry.origin)
                 out.context.append(Entry(entry.key, value, entry.origin))
             else:
@@ -49,3 +63,40 @@ class ExplicitSource(Source):
                     key=entry.key,
                 )
         return out
+
+
+#: The kind of text a setting's value is written in (``moe_policy.core.values.from_text``).
+_SETTING_TEXT = {"bool": "bool", "backend_list": "list"}
+
+
+def set_entry(item: str, origin: Origin) -> Entry:
+    """One ``KEY=VALUE`` override (``--set``) as a typed entry: the value is read as the
+    key's type (``moe_policy.core.values``: ASCII decimal integers, ``true``/``false``/``1``/``0``,
+    ``MAJOR.MINOR``, ``[a, b]``; ``null`` for no value); no interpolation, no YAML."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    shown = item if len(item) <= 60 else item[:57] + "..."
+    if not sep or not key:
+        raise PolicyError(f"expected KEY=VALUE, got {shown!r}", origin)
+    if not text.strip():
+        raise PolicyError(f"{key}: no value after '=' (write null for no value)", origin, key=key)
+    if "${" in text:
+        raise PolicyError(
+            f"{key}: interpolation (${{...}}) is not supported in --set values", origin, key=key
+        )
+    if key in SETTINGS_KEYS:
+        kind = _SETTING_TEXT.get(SETTINGS_KEYS[key].type, "str")
+    elif key in CONTEXT_KEYS:
+        kind = CONTEXT_KEYS[key].type
+    else:
+        known = (*SETTINGS_KEYS, *CONTEXT_KEYS)
+        raise PolicyError(
+            f"unknown key {key!r}{did_you_mean(key, known)} (neither a setting nor a context key)",
+            origin,
+            key=key,
+        )
+    try:
+        value = from_text(kind, text)
+    except ValueError as exc:
+        raise PolicyError(f"{key}: {exc}", origin, key=key) from None
+    return Entry(key, value, origin)

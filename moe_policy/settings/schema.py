@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from moe_policy.core.keys import PLATFORMS, coerce_bool
+from moe_policy.core.keys import PLATFORMS
 from moe_policy.core.origin import Origin
 from moe_policy.core.problems import ProblemSink
 from moe_policy.core.rules import Rule, parse_rule
+from moe_policy.core.values import bool_from_text, parse_bool
 from moe_policy.core.yamlio import LoadedYaml
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry
@@ -50,8 +51,13 @@ SETTINGS_KEYS: Mapping[str, SettingSpec] = {
 }
 
 
-def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalog) -> Any:
-    """Normalise a settings value; PolicyError names the key, the value and the origin."""
+def validate_setting(
+    key: str, value: Any, origin: Origin | str, catalog: Catalog, *, as_text: bool = False
+) -> Any:
+    """Normalise a settings value; PolicyError names the key, the value and the origin.
+
+    ``as_text``: the value is written as text (an environment variable), so a boolean is
+    ``true``/``false``/``1``/``0``; otherwise (files, API, ``--set``) it must be typed."""
     spec = SETTINGS_KEYS.get(key)
     if spec is None:
         raise PolicyError(
@@ -87,7 +93,7 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
         return text
     if spec.type == "bool":
         try:
-            return coerce_bool(value)
+            return bool_from_text(value) if as_text else parse_bool(value)
         except ValueError as exc:
             raise PolicyError(f"{key}: {exc}", origin, key=key) from None
     if spec.type == "str":
@@ -95,6 +101,12 @@ def validate_setting(key: str, value: Any, origin: Origin | str, catalog: Catalo
             return None
         if not isinstance(value, str):
             raise PolicyError(f"{key}: expected a string or null, got {value!r}", origin, key=key)
+        if not value.strip():
+            raise PolicyError(
+                f"{key}: an empty value is not a path (null switches the audit off)",
+                origin,
+                key=key,
+            )
         return value
     if spec.type == "backend_list":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -185,7 +197,7 @@ def parse_policy_document(
             )
             continue
         if key == "version":
-            if value != POLICY_VERSION:
+            if type(value) is not int or value != POLICY_VERSION:
                 sink.add(
                     "error",
                     "invalid-value",

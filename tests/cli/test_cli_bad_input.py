@@ -73,13 +73,13 @@ CASES = [
         ("--platform", "cdua"),
         ("cli:--platform", "did you mean 'cuda'"),
     ),
-    ("bad-flag-int", None, {}, ("--tp", "two"), ("cli:--tp", "parallel.tp", "'two'")),
+    ("bad-flag-int", None, {}, ("--tp", "two"), ("--tp", "parallel.tp", "'two'")),
     (
         "bad-flag-capability",
         None,
         {},
         ("--capability", "9.x"),
-        ("cli:--capability", "not a compute capability: '9.x'", "expected e.g. 9.0"),
+        ("--capability", "not a compute capability: '9.x'", "expected MAJOR.MINOR"),
     ),
     ("bad-flag-range", None, {}, ("--tp", "0"), ("cli:--tp", "parallel.tp must be at least 1")),
     ("bad-flag-mode", None, {}, ("--mode", "strcit"), ("cli:--mode", "did you mean 'strict'")),
@@ -149,3 +149,226 @@ def test_policy_files_env_names_a_missing_file(tmp_path):
     assert run.returncode == 2
     [error] = run.errors()
     assert "env:MOE_POLICY_FILES" in error
+
+
+# --- typed values: nothing truthy, no int()/float() guesses, overrides checked like config.json
+
+RULE = "version: 1\nrules:\n  - id: r\n    when: {when}\n    effect: forbid\n    backends: [triton]\n    reason: x\n"
+
+# (id, the rule's `when`, fragment of the error) -- the error is at line 4, the `when` line
+TYPED_RULES = [
+    ("exists-quoted-false", '{device.name: {exists: "false"}}', "exists: expected a boolean"),
+    ("exists-number", "{device.name: {exists: 0}}", "exists: expected a boolean"),
+    ("null-never-matches", "{platform: null}", "a null operand never matches"),
+    ("null-in-list", "{platform: [cuda, null]}", "a null operand never matches"),
+    ("order-on-string-key", "{platform: {gt: cuda}}", "a str key has no order"),
+    ("order-on-bool-key", "{lora.enabled: {lt: true}}", "a bool key has no order"),
+    ("list-operand-on-int-key", "{parallel.tp: {gt: [1]}}", "parallel.tp: expected an integer"),
+    ("dict-operand-on-int-key", "{parallel.tp: {eq: {a: 1}}}", "parallel.tp: expected an integer"),
+    ("multiple-of-on-string-key", "{platform: {multiple_of: 2}}", "applies to integer keys only"),
+    ("bool-for-int", "{parallel.tp: true}", "parallel.tp: expected an integer, got True"),
+    ("string-for-bool", '{lora.enabled: "false"}', "lora.enabled: expected a boolean"),
+    ("number-for-string", "{device.name: 1}", "device.name: expected a string"),
+    ("dict-for-package", "{packages: {eq: {a: 1}}}", "packages: expected a package name"),
+    ("empty-in", "{platform: {in: []}}", "needs a non-empty list"),
+    ("empty-operators", "{platform: {}}", "an empty mapping of operators"),
+    ("capability-digits", '{device.capability: {ge: "9.0000001"}}', "not a compute capability"),
+    ("negative-size", "{parallel.tp: {ge: -1}}", "parallel.tp must be at least 1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("when", "fragment"), [c[1:] for c in TYPED_RULES], ids=[c[0] for c in TYPED_RULES]
+)
+def test_a_rule_lint_passes_is_a_rule_explain_loads(tmp_path, when, fragment):
+    """One validator: every operand explain refuses, lint reports as an error at the same
+    file:line:col with the same message (lint can never pass a file that explain rejects)."""
+    policy = _write(tmp_path, "policy.yaml", RULE.format(when=when))
+    explain = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json", "--policy", policy)
+    assert explain.returncode == 2, explain.stderr
+    assert explain.stdout == "" and "Traceback" not in explain.stderr
+    [error] = explain.errors()
+    assert f"file:{policy}:4:" in error and fragment in error, error
+
+    lint = run_cli("lint", "--json", policy)
+    assert lint.returncode == 1, lint.stderr
+    assert "Traceback" not in lint.stderr
+    errors = [f for f in lint.json()["findings"] if f["severity"] == "error"]
+    assert [
+        f"file:{policy}:{f['location'].removeprefix(policy + ':')}: {f['message']}" for f in errors
+    ] == [error.removeprefix("moe-policy: error: ")]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("version: true\n", "version: expected 1, got True"),
+        ("version: 1.0\n", "expected 1, got 1.0"),
+    ],
+)
+def test_the_policy_version_is_the_integer_1(tmp_path, text, fragment):
+    """`version: true` is not version 1 (True == 1 in Python)."""
+    policy = _write(tmp_path, "policy.yaml", text)
+    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--policy", policy)
+    assert run.returncode == 2
+    [error] = run.errors()
+    assert f"file:{policy}:1:10" in error and fragment in error
+
+
+# (id, flags, fragments of the one error line)
+TYPED_FLAGS = [
+    ("full-width-digit", ("--tp", "２"), ("--tp", "parallel.tp", "ASCII decimal digits", "'２'")),
+    ("underscore-digits", ("--dp", "1_000"), ("--dp", "parallel.dp", "'1_000'")),
+    ("float-for-int", ("--max-loras", "2.0"), ("--max-loras", "lora.max_loras", "'2.0'")),
+    ("huge-int", ("--tp", "9" * 5000), ("--tp", "integer out of range")),
+    ("capability-7-digits", ("--capability", "9.0000001"), ("--capability", "'9.0000001'")),
+    ("capability-huge", ("--capability", "99999.99999"), ("--capability", "'99999.99999'")),
+    ("capability-no-dot", ("--capability", "90"), ("--capability", "expected MAJOR.MINOR")),
+    ("empty-audit-log", ("--audit-log", ""), ("cli:--audit-log", "an empty value is not a path")),
+    ("set-empty", ("--set", "parallel.tp="), ("cli:--set", "parallel.tp: no value after '='")),
+    (
+        "set-null-context",
+        ("--set", "parallel.tp=null"),
+        ("cli:--set", "parallel.tp: no value given"),
+    ),
+    (
+        "set-interpolation",
+        ("--set", "packages=[${oc.env:HOME}]"),
+        ("cli:--set", "interpolation (${...}) is not supported"),
+    ),
+    ("set-yaml-yes", ("--set", "lora.enabled=yes"), ("cli:--set", "expected true, false, 1 or 0")),
+    ("set-underscore", ("--set", "parallel.tp=1_000"), ("cli:--set", "ASCII decimal digits")),
+    ("set-huge-int", ("--set", "parallel.tp=" + "9" * 5000), ("cli:--set", "integer out of range")),
+    ("set-list-for-int", ("--set", "parallel.tp=[1]"), ("cli:--set", "'[1]'")),
+    (
+        "set-no-experts",
+        ("--set", "model.num_experts=0"),
+        ("cli:--set", "model.num_experts must be at least 1"),
+    ),
+    (
+        "set-top-k",
+        ("--set", "model.top_k=9999"),
+        ("cli:--set", "model.top_k 9999 exceeds model.num_experts 128"),
+    ),
+    (
+        "set-fewer-experts",
+        ("--set", "model.num_experts=4"),
+        ("cli:--set", "model.top_k 6 exceeds model.num_experts 4"),
+    ),
+    (
+        "set-layer-index",
+        ("--set", "layer.index=-5"),
+        ("cli:--set", "layer.index must be at least 0, got -5"),
+    ),
+    (
+        "set-negative-shared",
+        ("--set", "model.shared_experts=-3"),
+        ("cli:--set", "must be at least 0"),
+    ),
+    (
+        "ep-over-experts",
+        ("--ep", "--tp", "1024"),
+        ("cli:--tp", "1024 ranks", "exceeds model.num_experts 128"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"), [c[1:] for c in TYPED_FLAGS], ids=[c[0] for c in TYPED_FLAGS]
+)
+def test_flags_and_overrides_are_typed_and_checked(extra, fragments):
+    """The console script refuses each value with exit 2 and one line naming the flag."""
+    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--json", *extra)
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == "" and "Traceback" not in run.stderr
+    [error] = run.errors()
+    assert len(error) < 400, error
+    for fragment in fragments:
+        assert fragment in error, (fragment, error)
+
+
+def test_typed_flags_still_take_good_values():
+    """The happy path: ASCII integers, MAJOR.MINOR, --set of each type, null switching the audit off."""
+    run = run_cli(
+        "explain", "--model", NEMOTRON_REL, "--platform", "cuda", "--capability", "10.0",
+        "--tp", "2", "--dp", "+1", "--json",
+        "--set", "lora.enabled=true", "--set", "lora.max_rank=64", "--set", "packages=[triton, torch]",
+        "--set", "device.name='NVIDIA B200'", "--set", "audit.path=null",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    context = run.json()["context"]
+    assert context["parallel.tp"]["value"] == 2 and context["parallel.dp"]["value"] == 1
+    assert context["device.capability"]["value"] == "10.0"
+    assert context["lora.enabled"]["value"] is True and context["lora.max_rank"]["value"] == 64
+    assert context["packages"]["value"] == ["torch", "triton"]
+    assert context["device.name"]["value"] == "NVIDIA B200"
+
+
+# (id, change to the bundled Nemotron config.json, fragments of the error)
+TYPED_MODEL_FIELDS = [
+    ("gated-string", {"is_gated": "false"}, ("is_gated: gating: expected a boolean", "'false'")),
+    (
+        "shared-negative",
+        {"n_shared_experts": -3},
+        ("n_shared_experts", "must be at least 0, got -3"),
+    ),
+    (
+        "shared-bool",
+        {"n_shared_experts": True},
+        ("n_shared_experts", "expected an integer, got True"),
+    ),
+    (
+        "shared-float",
+        {"n_shared_experts": 2.7},
+        ("n_shared_experts", "expected an integer, got 2.7"),
+    ),
+    (
+        "shared-size-list",
+        {"n_shared_experts": None, "shared_expert_intermediate_size": [1]},
+        ("shared_expert_intermediate_size", "(a list)"),
+    ),
+    (
+        "architectures-dict",
+        {"architectures": {"a": 1}},
+        ("architectures: expected a list of class names",),
+    ),
+    (
+        "quantization-string",
+        {"quantization_config": "fp8"},
+        ("quantization_config: expected a mapping", "'fp8'"),
+    ),
+    (
+        "moe-size-null",
+        {"moe_intermediate_size": None},
+        ("moe_intermediate_size: the expert intermediate size is null",),
+    ),
+    (
+        "experts-bool",
+        {"n_routed_experts": True},
+        ("n_routed_experts", "expected an integer, got True"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "fragments"),
+    [c[1:] for c in TYPED_MODEL_FIELDS],
+    ids=[c[0] for c in TYPED_MODEL_FIELDS],
+)
+def test_model_fields_are_typed(tmp_path, change, fragments):
+    """A config.json field of the wrong type is bad input (exit 2) naming the file and key,
+    never read by truthiness, int() or str() (and a non-mapping quantization is not exit 4)."""
+    config = json.loads(Path(NEMOTRON_REL).read_text())
+    for key, value in change.items():
+        if value is None and key != "moe_intermediate_size":
+            config.pop(key, None)
+        else:
+            config[key] = value
+    model = _write(tmp_path, "config.json", json.dumps(config, indent=2))
+    run = run_cli("explain", "--model", model, *H200, "--json")
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == "" and "Traceback" not in run.stderr
+    [error] = run.errors()
+    assert f"file:{model}:" in error, error
+    for fragment in fragments:
+        assert fragment in error, (fragment, error)

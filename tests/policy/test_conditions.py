@@ -52,9 +52,19 @@ def test_condition_semantics(when, values, expected):
     assert _holds(when, values) is expected
 
 
-def test_capability_values_are_normalised():
-    """`9`, `90` and `9.0` all read as compute capability 9.0."""
-    assert _conds({"device.capability": "90"})[0].operand == "9.0"
+@pytest.mark.parametrize("written", ["9.0", 9.0])
+def test_capability_values_are_normalised(written):
+    """`"9.0"` and the YAML float `9.0` both read as compute capability 9.0."""
+    assert _conds({"device.capability": written})[0].operand == "9.0"
+
+
+@pytest.mark.parametrize(
+    "written", ["90", "sm_90", "9", "9.0000001", "99999.99999", "９.0", "9.01"]
+)
+def test_a_capability_is_major_dot_minor_exactly(written):
+    """Nothing but MAJOR.MINOR is a capability: no "90" guess, no rounding of 9.0000001."""
+    with pytest.raises(PolicyError, match="not a compute capability"):
+        _conds({"device.capability": written})
 
 
 def test_bad_operand_type_is_an_error():

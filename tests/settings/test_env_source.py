@@ -102,8 +102,22 @@ def test_aiter_sub_switch_off_removes_aiter():
 def test_batch_invariant():
     """VLLM_BATCH_INVARIANT becomes the batch_invariant fact."""
     assert _settings({"VLLM_BATCH_INVARIANT": "1"}).context["batch_invariant"].value is True
-    with pytest.raises(PolicyError, match=r"^env:VLLM_BATCH_INVARIANT: expected a boolean"):
-        _settings({"VLLM_BATCH_INVARIANT": "sometimes"})
+    assert _settings({"VLLM_BATCH_INVARIANT": "False"}).context["batch_invariant"].value is False
+    for text in ("sometimes", "yes", "", " 2", "tru"):
+        with pytest.raises(
+            PolicyError, match=r"^env:VLLM_BATCH_INVARIANT: expected true, false, 1 or 0"
+        ):
+            _settings({"VLLM_BATCH_INVARIANT": text})
+
+
+@pytest.mark.parametrize("text", ["maybe", "yes", "2", "on"])
+def test_audit_required_from_the_environment_is_true_false_1_or_0(text):
+    """MOE_POLICY_AUDIT_REQUIRED reads true/false/1/0 only; nothing else is a truthy yes."""
+    assert _settings({"MOE_POLICY_AUDIT_REQUIRED": "1"}).value("audit.required") is True
+    with pytest.raises(
+        PolicyError, match=r"^env:MOE_POLICY_AUDIT_REQUIRED: audit.required: expected true"
+    ):
+        _settings({"MOE_POLICY_AUDIT_REQUIRED": text})
 
 
 @pytest.mark.parametrize(

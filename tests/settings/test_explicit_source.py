@@ -52,7 +52,7 @@ def test_explicit_files_replace_env_files_and_say_so(tmp_path):
 def test_explicit_context_keys_are_validated():
     """A context key given explicitly is type-checked and keeps its origin."""
     settings = resolve_settings(
-        load_catalog(), environ={}, explicit=[Entry("parallel.tp", "2", Origin.cli("--set"))]
+        load_catalog(), environ={}, explicit=[Entry("parallel.tp", 2, Origin.cli("--set"))]
     )
     assert (settings.context["parallel.tp"].value, settings.context["parallel.tp"].origin) == (
         2,
@@ -62,6 +62,51 @@ def test_explicit_context_keys_are_validated():
         resolve_settings(
             load_catalog(), environ={}, explicit=[Entry("parallel.tp", 2.5, Origin.cli("--tp"))]
         )
+
+
+def _explicit(key, value):
+    return resolve_settings(load_catalog(), environ={}, explicit=[Entry(key, value, Origin.api())])
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        # typed values: the string "2" is not an integer, True is not 1, "false" not a boolean
+        ("parallel.tp", "2", r"parallel.tp: expected an integer, got '2' \(a string\)"),
+        ("parallel.tp", True, "parallel.tp: expected an integer, got True"),
+        ("parallel.tp", [2], r"parallel.tp: expected an integer, got \[2\] \(a list\)"),
+        ("parallel.tp", 10**40, "parallel.tp: integer out of range"),
+        ("lora.enabled", "false", r"lora.enabled: expected a boolean .*'false' \(a string\)"),
+        ("lora.enabled", 1, "lora.enabled: expected a boolean"),
+        (
+            "device.capability",
+            "9.0000001",
+            "device.capability: not a compute capability: '9.0000001'",
+        ),
+        ("device.capability", 99999.99999, "device.capability: not a compute capability"),
+        ("device.name", {"a": 1}, r"device.name: expected a string, got \{'a': 1\} \(a dict\)"),
+        ("packages", "triton", "packages: expected a list of names"),
+        # the ranges a config.json value is held to
+        ("model.num_experts", 0, "model.num_experts must be at least 1, got 0"),
+        ("model.top_k", -1, "model.top_k must be at least 1, got -1"),
+        ("model.shared_experts", -3, "model.shared_experts must be at least 0, got -3"),
+        ("layer.index", -5, "layer.index must be at least 0, got -5"),
+        ("lora.max_rank", 0, "lora.max_rank must be at least 1"),
+        # no value is not a value
+        ("parallel.tp", None, "parallel.tp: no value given"),
+    ],
+)
+def test_explicit_values_are_typed_and_in_range(key, value, message):
+    """Overrides pass the typed checks config.json values get: one error naming the key."""
+    with pytest.raises(PolicyError, match=rf"^api: {message}"):
+        _explicit(key, value)
+
+
+def test_audit_path_empty_is_an_error_and_null_is_off():
+    """An empty audit path does not switch the audit off silently; null does, explicitly."""
+    with pytest.raises(PolicyError, match=r"^api: audit.path: an empty value is not a path"):
+        _explicit("audit.path", "")
+    assert _explicit("audit.path", None).value("audit.path") is None
 
 
 def test_unknown_explicit_key_has_did_you_mean():

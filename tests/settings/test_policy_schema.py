@@ -127,6 +127,21 @@ RULE = {"id": "r", "effect": "forbid", "backends": ["triton"], "reason": "why"}
         ({"rules": [{**RULE, "when": {"parallel.tp": {"gte": 2}}}]}, "unknown-operator"),
         ({"rules": [{**RULE, "when": {"parallel.tp": {"multiple_of": 0}}}]}, "invalid-value"),
         ({"rules": [{**RULE, "when": {"lora.enabled": "maybe"}}]}, "invalid-value"),
+        # typed values: nothing truthy, no order on strings, MAJOR.MINOR exactly
+        ({"version": True}, "invalid-value"),
+        ({"audit": {"required": "yes"}}, "invalid-value"),
+        ({"audit": {"path": ""}}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"device.name": {"exists": "false"}}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"lora.enabled": "true"}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"platform": {"gt": "cuda"}}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"lora.enabled": {"lt": True}}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"platform": None}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"platform": []}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"parallel.tp": {"gt": [1]}}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"parallel.tp": "2"}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"device.name": 7}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"device.capability": "90"}}]}, "invalid-value"),
+        ({"rules": [{**RULE, "when": {"device.capability": "9.0000001"}}]}, "invalid-value"),
     ],
 )
 def test_what_the_schema_rejects_the_loader_rejects(tmp_path, policy, code):
@@ -143,7 +158,7 @@ def test_what_the_schema_rejects_the_loader_rejects(tmp_path, policy, code):
     [
         None,
         {"version": 1, "mode": "strict", "consistency": "warn"},
-        {"audit": {"path": "${oc.env:MOE_POLICY_AUDIT_DIR,.}/a.jsonl", "required": "yes"}},
+        {"audit": {"path": "${oc.env:MOE_POLICY_AUDIT_DIR,.}/a.jsonl", "required": True}},
         {"backend": "auto", "priority": {"cuda": ["triton", "batched_triton"]}},
         {
             "rules": [
@@ -152,7 +167,7 @@ def test_what_the_schema_rejects_the_loader_rejects(tmp_path, policy, code):
                     "action": "audit",
                     "link": "https://example.org/pr/1",
                     "when": {
-                        "device.capability": {"ge": "9.0", "lt": 10},
+                        "device.capability": {"ge": "9.0", "lt": 10.0},
                         "parallel.tp": {"multiple_of": 2},
                         "packages": "flashinfer",
                         "model.activation": ["silu", "relu2"],
