@@ -332,3 +332,17 @@ def test_a_deployment_matrix_is_read_under_the_same_limits(tmp_path: Path):
         PolicyError, match=rf"^file:{re.escape(str(bomb))}:6:18: YAML document too large"
     ):
         load_matrix(bomb)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [("p" * 300, "unknown model 'ppp"), ("./" + "p" * 300 + ".json", "model config './ppp")],
+    ids=["bundled-name", "path"],
+)
+def test_a_matrix_naming_a_model_too_long_to_exist_is_one_error(tmp_path: Path, model, message):
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(
+        f"deployments:\n  - {{name: d, model: {model}, platforms: [{{platform: cpu}}]}}\n"
+    )
+    with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(matrix))}:2:\d+: {message}"):
+        load_matrix(matrix)
