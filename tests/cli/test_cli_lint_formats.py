@@ -253,3 +253,24 @@ def test_the_hook_entry_runs_on_the_files_it_is_given(hook):
     run = run_cli(*args, STRUCTURAL)
     assert run.returncode == 1
     assert f"{STRUCTURAL}:3:1: error: " in run.stdout
+
+
+def test_a_finding_without_a_line_keeps_its_file(tmp_path, sarif_validator):
+    """A file that cannot be read has no line or column: every format still names the file."""
+    missing = str(tmp_path / "missing.yaml")
+    lines = run_cli("lint", "--format", "lines", missing)
+    assert lines.returncode == 1
+    assert lines.stdout.splitlines()[0] == f"{missing}: error: file not found [file-not-found]"
+    github = run_cli("lint", "--format", "github", missing)
+    command, fields, message = parse_annotation(github.stdout.splitlines()[0])
+    assert (command, fields, message) == (
+        "error",
+        {"file": missing, "title": "file-not-found"},
+        "file not found",
+    )
+    log = run_cli("lint", "--format", "sarif", missing).json()
+    sarif_validator.validate(log)
+    (result,) = log["runs"][0]["results"]
+    physical = result["locations"][0]["physicalLocation"]
+    assert "region" not in physical
+    assert unquote(urlparse(physical["artifactLocation"]["uri"]).path) == missing
