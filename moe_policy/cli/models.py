@@ -1,7 +1,9 @@
 """``moe-policy models``: the bundled model configs, by the name ``--model NAME`` takes.
 
 Each row shows the MoE shape read from the config (experts, experts per token, hidden and
-intermediate size, activation, quantization), the facts a decision reads.
+intermediate size, activation, quantization), the facts a decision reads; the table fits
+the terminal (``moe_policy.cli.terminal.output_width``), ``--json`` adds the architecture,
+the file and the dtype.
 """
 
 from __future__ import annotations
@@ -23,16 +25,8 @@ FIELDS = {
     "dtype": "model.dtype",
     "quantization": "model.quantization",
 }
-HEADERS = (
-    "name",
-    "architecture",
-    "E",
-    "top-k",
-    "hidden",
-    "intermediate",
-    "activation",
-    "quantization",
-)
+#: The table's columns (the architecture and dtype are in --json).
+HEADERS = ("name", "E", "top-k", "hidden", "intermediate", "activation", "quant")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -69,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(models, indent=2) + "\n")
         return 0
     from moe_policy.cli.table import table
+    from moe_policy.cli.terminal import output_width
 
     rows = [
         (
             m["name"],
-            m["architecture"],
             m["num_experts"],
             m["top_k"],
             m["hidden_size"],
@@ -83,5 +77,5 @@ def run(args: argparse.Namespace) -> int:
         )
         for m in models
     ]
-    print(table(rows, HEADERS))
+    print(table(rows, HEADERS, total=output_width(sys.stdout)))
     return 0

@@ -53,26 +53,16 @@ def test_each_listed_name_is_what_explain_decides_for(listed, name):
 
 
 def test_the_table_shows_each_model_and_its_shape(listed):
-    run = run_cli("models")
+    run = run_cli("models", env={"COLUMNS": "160"})
     assert run.returncode == 0, run.stderr
     header, rule, *rows = run.stdout.splitlines()
-    assert header.split() == [
-        "name",
-        "architecture",
-        "E",
-        "top-k",
-        "hidden",
-        "intermediate",
-        "activation",
-        "quantization",
-    ]
+    assert header.split() == ["name", "E", "top-k", "hidden", "intermediate", "activation", "quant"]
     assert set(rule) <= {"-", " "}
     assert [row.split()[0] for row in rows] == NAMES
     for row in rows:
-        entry = listed[row.split()[0]]
         cells = row.split()
-        assert cells[1:6] == [
-            entry["architecture"],
+        entry = listed[cells[0]]
+        assert cells[1:5] == [
             str(entry["num_experts"]),
             str(entry["top_k"]),
             str(entry["hidden_size"]),
@@ -81,6 +71,15 @@ def test_the_table_shows_each_model_and_its_shape(listed):
         assert cells[-1] == entry["quantization"]
     nemotron = next(row for row in rows if row.startswith("nemotron"))
     assert "relu2 (non-gated)" in nemotron
+
+
+def test_the_table_fits_80_columns_without_splitting_a_name():
+    run = run_cli("models", env={"COLUMNS": "80"})
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert [line.split()[0] for line in lines[2:] if not line.startswith(" ")] == NAMES
+    assert "(non-gated)" in run.stdout
 
 
 def test_an_unknown_name_lists_exactly_the_listed_models():
