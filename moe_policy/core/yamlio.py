@@ -3,14 +3,15 @@
 Files are read by ``read_text``: regular files only, at most ``MAX_FILE_BYTES``, UTF-8.
 The text is composed into PyYAML nodes under ``yamlbounds.LIMITS`` (aliases, nodes and
 depth counted before anything expands them), the nodes give every key and value its
-mark, and the safe constructor builds plain data from the same nodes. Nothing is
+mark when asked (``yamlmarks``), and the safe constructor builds plain data from the
+same nodes. Nothing is
 interpolated here.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,8 @@ class LoadedYaml:
 
     path: str
     data: Any
-    marks: dict[KeyPath, tuple[int, int]]
-    key_marks: dict[KeyPath, tuple[int, int]]
+    marks: Mapping[KeyPath, tuple[int, int]]
+    key_marks: Mapping[KeyPath, tuple[int, int]]
     text: str
     #: Set for documents that did not come from a file (an API mapping): every origin.
     fixed_origin: Origin | None = None
@@ -51,26 +52,6 @@ class LoadedYaml:
                 return Origin.file(self.path, line, col)
             probe = probe[:-1]
         return Origin.file(self.path, 1, 1)
-
-
-def _walk_marks(
-    node: Any,
-    path: KeyPath,
-    marks: dict[KeyPath, tuple[int, int]],
-    key_marks: dict[KeyPath, tuple[int, int]],
-) -> None:
-    """Marks of every key path, aliases expanded (``yamlbounds`` has bounded the walk)."""
-    from yaml.nodes import MappingNode, SequenceNode
-
-    marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    if isinstance(node, MappingNode):
-        for key_node, value_node in node.value:
-            child = (*path, key_node.value)
-            key_marks[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            _walk_marks(value_node, child, marks, key_marks)
-    elif isinstance(node, SequenceNode):
-        for index, item in enumerate(node.value):
-            _walk_marks(item, (*path, index), marks, key_marks)
 
 
 def _line_col(text: str, index: int) -> tuple[int, int]:
@@ -102,6 +83,7 @@ def parse_yaml_text(text: str, display_path: str) -> LoadedYaml:
     import yaml
 
     from moe_policy.core.yamlbounds import compose_bounded, construct
+    from moe_policy.core.yamlmarks import NodeMarks
 
     try:
         root = compose_bounded(text, display_path)
@@ -123,10 +105,9 @@ def parse_yaml_text(text: str, display_path: str) -> LoadedYaml:
         raise PolicyError(
             f"malformed YAML: {exc}", Origin.file(display_path), code="malformed-yaml"
         ) from None
-    marks: dict[KeyPath, tuple[int, int]] = {}
-    key_marks: dict[KeyPath, tuple[int, int]] = {}
-    if root is not None:
-        _walk_marks(root, (), marks, key_marks)
+    if root is None:
+        return LoadedYaml(display_path, data, {}, {}, text)
+    marks, key_marks = NodeMarks(root), NodeMarks(root, at_key=True)
     return LoadedYaml(display_path, data, marks, key_marks, text)
 
 

@@ -346,3 +346,19 @@ def test_a_matrix_naming_a_model_too_long_to_exist_is_one_error(tmp_path: Path, 
     )
     with pytest.raises(PolicyError, match=rf"^file:{re.escape(str(matrix))}:2:\d+: {message}"):
         load_matrix(matrix)
+
+
+def test_marks_are_found_in_the_nodes_for_every_path():
+    """Every key path has its value's line:col (and its key's, under a mapping), aliases
+    followed; a path the document does not have is not there."""
+    loaded = parse_yaml_text(
+        "a: &x {b: [1, {c: 2}]}\nd: *x\n" + "".join(f"k{i}: {i}\n" for i in range(20)),
+        "p.yaml",
+    )
+    assert loaded.marks[()] == (1, 1)
+    assert loaded.marks[("a", "b", 1, "c")] == loaded.marks[("d", "b", 1, "c")] == (1, 19)
+    assert loaded.key_marks[("d",)] == (2, 1) and loaded.key_marks[("k19",)] == (22, 1)
+    assert ("a", "b", 1) not in loaded.key_marks  # a list item has no key
+    assert ("a", "b", 2) not in loaded.marks and ("a", "z") not in loaded.marks
+    assert len(loaded.marks) == 1 + 2 * 5 + 20 and len(loaded.key_marks) == 2 * 3 + 20
+    assert all(loaded.marks[path] for path in loaded.marks)
