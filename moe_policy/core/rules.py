@@ -13,6 +13,12 @@ A condition value is a scalar (equality), a list (any of) or a mapping of operat
 ``eq ne in not_in gt ge lt le multiple_of not_multiple_of exists``. Every condition
 must hold. A condition on a key whose value is unknown (None) does not hold, and the
 key is reported as missing context.
+
+Operands are typed (``condition_operand``, the one validator loading and lint share): an
+operand of the key's type (``moe_policy.core.keys.coerce_value``), ``exists`` a boolean,
+ordering only on integer and capability keys, ``multiple_of`` only on integer keys, no null
+operand (it would never match), non-empty lists; so a rule that loads evaluates on every
+value its keys can take.
 """
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""API keywords and overrides pass the checks config.json values get, and model configs
+given as mappings are read by type: one PolicyError naming the origin, never a silent read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import moe_policy
+from moe_policy.api import Selector
+from moe_policy.core.model import model_facts_from_mapping
+from moe_policy.errors import PolicyError
+from tests.bundled import MIXTRAL, NEMOTRON
+
+H200 = {"platform": "cuda", "capability": "9.0", "device_name": "NVIDIA H200"}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"tp": 0}, r"^api: parallel.tp must be at least 1, got 0"),
+        ({"tp": "2"}, r"^api: parallel.tp: expected an integer, got '2' \(a string\)"),
+        ({"dp": True}, r"^api: parallel.dp: expected an integer, got True"),
+        ({"lora": "false"}, r"^api: lora.enabled: expected a boolean"),
+        ({"capability": "9.0000001"}, r"^api: device.capability: not a compute capability"),
+        ({"capability": 99999.99999}, r"^api: device.capability: not a compute capability"),
+        ({"max_lora_rank": -8}, r"^api: lora.max_rank must be at least 1"),
+        ({"ep": True, "tp": 1024}, r"^api: an expert-parallel group of 1024 ranks"),
+        ({"overrides": {"model.num_experts": 0}}, r"^api: model.num_experts must be at least 1"),
+        (
+            {"overrides": {"model.top_k": 9999}},
+            r"^api: model.top_k 9999 exceeds model.num_experts 128",
+        ),
+        ({"overrides": {"layer.index": -5}}, r"^api: layer.index must be at least 0, got -5"),
+        ({"overrides": {"parallel.tp": None}}, r"^api: parallel.tp: no value given"),
+        ({"audit_log": ""}, r"^api: audit.path: an empty value is not a path"),
+    ],
+)
+def test_select_backend_keywords_are_checked_like_config_values(arguments, message):
+    with pytest.raises(PolicyError, match=message):
+        moe_policy.select_backend(NEMOTRON, **{**H200, **arguments})
+
+
+def test_expert_parallel_group_up_to_the_expert_count_is_fine():
+    """Mixtral's 8 experts over 8 EP ranks is a deployment; over 16 it is refused."""
+    assert moe_policy.select_backend(MIXTRAL, **H200, ep=True, tp=8).backend is not None
+    with pytest.raises(PolicyError, match=r"group of 16 ranks .* exceeds model.num_experts 8"):
+        moe_policy.select_backend(MIXTRAL, **H200, ep=True, tp=16)
+
+
+@pytest.mark.parametrize("index", [-5, True, "3", 2.0])
+def test_a_layer_index_is_a_non_negative_integer(index):
+    selector = Selector(NEMOTRON, environ={}, **H200)
+    with pytest.raises(PolicyError, match=r"^api:layer_index: layer.index"):
+        selector.select(index)
+    assert selector.select(3).layer_index == 3
+
+
+BASE = {"num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 64, "moe_intermediate_size": 32}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"is_gated": "false"}, r"is_gated: gating: expected a boolean .*'false'"),
+        ({"gated": 0}, r"gated: gating: expected a boolean"),
+        ({"norm_topk_prob": "false"}, r"norm_topk_prob: top-k renormalisation: expected a boolean"),
+        ({"n_shared_experts": -3}, r"n_shared_experts: shared expert count: must be at least 0"),
+        ({"n_shared_experts": True}, r"n_shared_experts: .*expected an integer, got True"),
+        ({"n_shared_experts": 2.7}, r"n_shared_experts: .*expected an integer, got 2.7"),
+        ({"n_shared_experts": "2"}, r"n_shared_experts: .*expected an integer, got '2'"),
+        (
+            {"shared_expert_intermediate_size": {"a": 1}},
+            r"shared_expert_intermediate_size: .*\(a dict\)",
+        ),
+        ({"num_experts": True}, r"num_experts: expert count .*expected an integer, got True"),
+        ({"num_experts": 8.0}, r"num_experts: expert count .*expected an integer, got 8.0"),
+        ({"moe_intermediate_size": 10**40}, r"moe_intermediate_size: .*integer out of range"),
+        (
+            {"architectures": {"MixtralForCausalLM": 1}},
+            r"architectures: expected a list of class names",
+        ),
+        ({"architectures": [7]}, r"architectures: expected a list of class names"),
+        ({"model_type": ["mixtral"]}, r"model_type: expected a string"),
+        ({"quantization_config": "fp8"}, r"quantization_config: expected a mapping .*'fp8'"),
+        (
+            {"moe_intermediate_size": None, "intermediate_size": 14336},
+            r"moe_intermediate_size: the expert intermediate size is null",
+        ),
+    ],
+)
+def test_model_fields_are_read_by_type(change, message):
+    with pytest.raises(PolicyError, match=rf"^api:model: {message}"):
+        model_facts_from_mapping({**BASE, **change})
+
+
+def test_typed_model_fields_still_read_their_values():
+    facts = model_facts_from_mapping(
+        {
+            **BASE,
+            "is_gated": False,
+            "hidden_act": "relu2",
+            "n_shared_experts": 0,
+            "norm_topk_prob": False,
+        }
+    )
+    assert facts.value("model.gated") is False
+    assert facts.value("model.shared_experts") == 0
+    assert facts.value("model.routing") == "softmax"
+    sized = model_facts_from_mapping({**BASE, "shared_expert_intermediate_size": 0})
+    assert sized.value("model.shared_experts") == 0
+
+
+def test_every_bundled_model_config_still_loads():
+    """The typed reading refuses nothing the shipped model configs say."""
+    from moe_policy.core import paths
+    from moe_policy.core.model import load_model
+
+    names = paths.bundled(paths.MODELS_DIR, ".json")
+    assert names
+    for name, path in names.items():
+        json.loads(Path(path).read_text())
+        assert load_model(path).value("model.num_experts") >= 1, name
