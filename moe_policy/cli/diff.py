@@ -6,13 +6,16 @@ count; ``kind: "agreement"`` lines are skipped) or single decision records
 two files holding one record each are compared directly. Per layer it prints the
 backend, fingerprint, every context key whose value differs (each side's value and
 origin), the request and its origin, the policy file hashes and the rules that
-differ. Exit codes: 0 identical, 1 different, 2 bad input (names ``file:line``).
+differ. Exit codes: 0 identical, 1 different, 2 bad input (names ``file:PATH:LINE``; a
+line whose fields ``diff`` reads have the wrong types is bad input too).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,36 +103,66 @@ class Loaded:
 # --- Loading --------------------------------------------------------------------------------
 
 
+def _read(path: str) -> str:
+    """The file's text; a FIFO, device or directory is refused without waiting on it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise DiffInputError(f"file:{path}: cannot read: {exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DiffInputError(f"file:{path}: cannot read: not a regular file")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = fh.read()
+        except OSError as exc:
+            raise DiffInputError(f"file:{path}: cannot read: {exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DiffInputError(f"file:{path}:{line}: cannot read: not UTF-8 ({exc.reason})") from None
+
+
+def _json(text: str) -> Any:
+    """``json.loads``; every failure (syntax, a 5,000-digit integer, deep nesting) a ValueError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def load(path: str) -> Loaded:
     """Read one file: a JSON document (a record or a list of records) or JSON lines."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DiffInputError(f"{path}: cannot read: {exc}") from None
+    text = _read(path)
     loaded = Loaded(path)
     stripped = text.strip()
     document: Any = None
     if stripped[:1] in ("{", "["):
         try:
-            document = json.loads(stripped)
-        except json.JSONDecodeError:
+            document = _json(stripped)
+        except ValueError:
             document = None
     if isinstance(document, dict):
-        _take(loaded, document, f"{path}:1")
+        _take(loaded, document, f"file:{path}:1")
         return loaded
     if isinstance(document, list):
         for number, item in enumerate(document, 1):
-            _take(loaded, item, f"{path}: item {number}")
+            _take(loaded, item, f"file:{path}: item {number}")
         return loaded
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = _json(line)
         except json.JSONDecodeError as exc:
-            raise DiffInputError(f"{path}:{number}: not JSON ({exc.msg})") from None
-        _take(loaded, item, f"{path}:{number}")
+            raise DiffInputError(
+                f"file:{path}:{number}:{exc.colno}: not JSON ({exc.msg})"
+            ) from None
+        except ValueError as exc:  # a 5,000-digit integer, nesting too deep
+            reason = str(exc).split(";")[0]
+            raise DiffInputError(f"file:{path}:{number}: not JSON ({reason})") from None
+        _take(loaded, item, f"file:{path}:{number}")
     return loaded
 
 
@@ -140,10 +173,41 @@ def _take(loaded: Loaded, item: Any, where: str) -> None:
     if not isinstance(item, dict):
         raise DiffInputError(f"{where}: not a decision record (a JSON {type(item).__name__})")
     missing = [key for key in REQUIRED if key not in item]
-    if missing or not isinstance(item["context"], dict) or not isinstance(item["layer"], dict):
-        what = f"missing {', '.join(missing)}" if missing else "context and layer must be objects"
+    what = f"missing {', '.join(missing)}" if missing else _shape_problem(item)
+    if what:
         raise DiffInputError(f"{where}: not a decision record ({what})")
     loaded.add(item)
+
+
+def _is_list_of(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return value is None or (isinstance(value, list) and all(isinstance(v, kind) for v in value))
+
+
+def _shape_problem(item: Mapping[str, Any]) -> str | None:
+    """What is wrong with the types of the fields ``diff`` reads, if anything."""
+    layer, context = item["layer"], item["context"]
+    if not isinstance(context, dict) or not isinstance(layer, dict):
+        return "context and layer must be objects"
+    index = layer.get("index")
+    if not isinstance(layer.get("kind"), (str, type(None))) or not (
+        index is None or (isinstance(index, int) and not isinstance(index, bool))
+    ):
+        return "layer.kind must be a string and layer.index an integer or null"
+    if not all(isinstance(v, (dict, type(None))) for v in context.values()):
+        return "each context entry must be an object"
+    if not isinstance(item.get("requested"), (dict, type(None))):
+        return "requested must be an object or null"
+    policy = item.get("policy")
+    if not isinstance(policy, (dict, type(None))) or not _is_list_of(
+        (policy or {}).get("files"), dict
+    ):
+        return "policy must be an object whose files are objects"
+    rules = item.get("rules")
+    if not _is_list_of(rules, dict) or not all(
+        _is_list_of(rule.get("backends"), str) for rule in rules or []
+    ):
+        return "rules must be objects whose backends are strings"
+    return None
 
 
 # --- Comparing ------------------------------------------------------------------------------

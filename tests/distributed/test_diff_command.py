@@ -164,7 +164,7 @@ def test_agreement_lines_are_skipped(tmp_path: Path, capsys):
     ],
 )
 def test_bad_line_exits_2_naming_file_and_line(tmp_path: Path, capsys, bad_line: str, problem: str):
-    """A line that is not a decision record is exit 2 with ``file:line`` on stderr."""
+    """A line that is not a decision record is exit 2 with ``file:PATH:LINE`` on stderr."""
     good = _audit_log(tmp_path / "a.jsonl")
     bad = tmp_path / "bad.jsonl"
     first = good.read_text().splitlines()[0]
@@ -172,7 +172,57 @@ def test_bad_line_exits_2_naming_file_and_line(tmp_path: Path, capsys, bad_line:
     code = _run(good, bad)
     err = capsys.readouterr().err
     assert code == 2
-    assert f"{bad}:3: {problem}" in err
+    assert err.startswith(f"moe-policy: error: file:{bad}:3") and f": {problem}" in err
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda r: r["layer"].update(index="strict"), "layer.index an integer"),
+        (lambda r: r.update(rules=[[1]]), "rules must be objects"),
+        (lambda r: r["rules"].append({"id": "x", "backends": [1]}), "backends are strings"),
+        (lambda r: r.update(policy={"files": [3]}), "policy must be an object"),
+        (lambda r: r.update(requested="triton"), "requested must be an object"),
+        (lambda r: r["context"].update(platform=[1]), "each context entry must be an object"),
+    ],
+)
+def test_a_record_whose_fields_have_the_wrong_types_exits_2(
+    tmp_path: Path, capsys, change: Any, problem: str
+):
+    """A line that parses but holds the wrong types where diff reads is bad input, not a crash."""
+    good = _audit_log(tmp_path / "a.jsonl")
+    record = json.loads(good.read_text().splitlines()[0])
+    change(record)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(record) + "\n")
+    assert _run(good, bad) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"moe-policy: error: file:{bad}:1: not a decision record") and problem in err
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [("[" * 100_000 + "]" * 100_000, "nested too deeply"), ("9" * 5000, "4300 digits")],
+)
+def test_a_line_json_cannot_hold_exits_2(tmp_path: Path, capsys, line: str, problem: str):
+    good = _audit_log(tmp_path / "a.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(line + "\n")
+    assert _run(good, bad) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"moe-policy: error: file:{bad}:1: not JSON") and problem in err
+
+
+def test_a_fifo_or_a_directory_is_refused_without_waiting(tmp_path: Path, capsys):
+    import os
+
+    good = _audit_log(tmp_path / "a.jsonl")
+    os.mkfifo(tmp_path / "fifo")
+    for other in (tmp_path / "fifo", tmp_path):
+        assert _run(good, other) == 2
+        assert "cannot read: not a regular file" in capsys.readouterr().err
 
 
 def test_unreadable_file_exits_2(tmp_path: Path, capsys):

@@ -472,7 +472,9 @@ CRAFTED_POLICIES: dict[str, bytes] = {
     "nested interpolation": b"version: 1\nbackend: ${oc.env:${oc.env:HOME}}\n",
     "long line": b"version: 1\nreason: " + b"x" * 2_000_000 + b"\n",
     "long key": b"version: 1\n" + b"k" * 100_000 + b": 1\n",
-    "many keys": b"version: 1\n" + b"".join(b"k%d: 1\n" % i for i in range(20_000)),
+    # 12,000 nodes: past OmegaConf's old 10,000-node limit; each unknown key is a finding
+    # with a did-you-mean (20,000 keys take lint about 8 s, all of it the 20,000 findings).
+    "many keys": b"version: 1\n" + b"".join(b"k%d: 1\n" % i for i in range(6_000)),
 }
 
 #: Crafted policies given to explain only: lint compares every pair of rules (shadowed,
@@ -533,8 +535,11 @@ def _explain(rng: random.Random, *extra: str) -> tuple[str, ...]:
 
 def _policy_command(rng: random.Random, names: list[str], engine_file: bool) -> tuple[str, ...]:
     engine = ["--engine", "vllm"] if engine_file else []
-    if rng.random() < 0.3:
+    pick = rng.random()
+    if pick < 0.3:
         return ("lint", *engine, *names)
+    if pick < 0.33 and not engine_file:  # what the change does to every deployment
+        return ("plan", *(arg for name in names for arg in ("--to", name)))
     policies = [arg for name in names for arg in ("--policy", name)]
     return _explain(rng, *engine, *policies)
 
@@ -687,13 +692,15 @@ def model_case(rng: random.Random) -> Case:
 def special_path_case(rng: random.Random) -> Case:
     """A FIFO, device, directory, dangling link or overlong path as the policy, model or audit log."""
     note, (specials, path) = rng.choice(sorted(SPECIAL_PATHS.items()))
-    role = rng.choice(["policy", "model", "audit", "lint"])
+    role = rng.choice(["policy", "model", "audit", "lint", "diff"])
     if role == "policy":
         argv = _explain(rng, "--policy", path)
     elif role == "model":
         argv = ("explain", "--model", path, *device_flags(rng))
     elif role == "audit":
         argv = _explain(rng, "--audit-log", path)
+    elif role == "diff":
+        argv = ("diff", path, path)
     else:
         argv = ("lint", path)
     return Case("special", argv, {}, {}, specials, note=f"{note} as {role}")
@@ -842,7 +849,8 @@ def flag_case(rng: random.Random) -> Case:
     """explain with odd flag values and --set items; now and then lint, backends or no command."""
     pick = rng.random()
     if pick < 0.05:
-        argv: list[str] = [rng.choice(["backends", "lint", "", "nonsense", "--version", "explian"])]
+        commands = ["backends", "lint", "", "nonsense", "--version", "explian", "schema", "models"]
+        argv: list[str] = [rng.choice([*commands, "completion", "diff", "plan", "--color"])]
         argv += [rng.choice(SWITCHES + VALUE_FLAGS) for _ in range(rng.randint(0, 2))]
         return Case("flags", tuple(a for a in argv if a), note="command")
     argv = [
@@ -864,7 +872,62 @@ def flag_case(rng: random.Random) -> Case:
     return Case("flags", tuple(argv), note="flags")
 
 
+# --- matrices and audit logs -------------------------------------------------------------
+
+
+@cache
+def audit_lines() -> tuple[dict[str, Any], ...]:
+    """Audit records of a few real decisions (the API's own, as ``--audit-log`` writes them)."""
+    from moe_policy.api import Selector
+    from moe_policy.reporting.audit import audit_record
+
+    records = []
+    for model, lora in (("qwen3-30b-a3b.json", False), ("deepseek-v3.json", True)):
+        path = str(CONFIGS / "models" / model)
+        selector = Selector(path, environ={}, platform="cuda", capability="9.0", lora=lora)
+        for layer in (None, 0):
+            records.append(json.loads(json.dumps(audit_record(selector.decide(layer), 1))))
+    return tuple(records)
+
+
+def _jsonl(records: list[Any]) -> bytes:
+    return b"".join(dump_json(r).replace(b"\n", b"") + b"\n" for r in records)
+
+
+def diff_case(rng: random.Random) -> Case:
+    """Two audit logs (or decision records), one or both mutated, through ``diff``."""
+    base = [json.loads(json.dumps(r)) for r in rng.sample(audit_lines(), rng.randint(1, 4))]
+    left = _jsonl(base)
+    if rng.random() < 0.5:
+        right = mutate_bytes(rng, left, rng.randint(1, 4), (left,))
+        note = "bytes of an audit log"
+    else:
+        right = _jsonl([mutate_tree(rng, r, rng.randint(1, 3)) for r in base])
+        note = "tree of an audit log"
+    files = {"a.jsonl": left, "b.jsonl": right}
+    if rng.random() < 0.2:
+        files["a.jsonl"], files["b.jsonl"] = right, left
+    argv = ["diff", "a.jsonl", "b.jsonl"]
+    argv += [flag for flag in ("--json", "--shared-only") if rng.random() < 0.3]
+    return Case("diff", tuple(argv), files=files, note=note)
+
+
+def matrix_case(rng: random.Random) -> Case:
+    """The bundled deployment matrix mutated, through ``plan --matrix``."""
+    base = (CONFIGS / "matrices" / "default.yaml").read_bytes()
+    if rng.random() < 0.5:
+        data = mutate_bytes(rng, base, rng.randint(1, 4), (base, *policy_corpus()))
+        note = "bytes of the deployment matrix"
+    else:
+        data = dump_yaml(mutate_tree(rng, yaml.safe_load(base), rng.randint(1, 3)))
+        note = "tree of the deployment matrix"
+    argv = ("plan", "--matrix", "matrix.yaml", "--to", rng.choice(["strict", "prefer-trtllm-lora"]))
+    return Case("matrix", argv, files={"matrix.yaml": data}, note=note)
+
+
 GENERATORS: dict[str, Callable[[random.Random], Case]] = {
+    "diff": diff_case,
+    "matrix": matrix_case,
     "policy": policy_case,
     "model": model_case,
     "special": special_path_case,
@@ -922,6 +985,7 @@ def crafted_cases() -> list[Case]:
             ("model", ("explain", "--model", path, "--platform", "cpu")),
             ("audit", _explain(rng, "--audit-log", path)),
             ("lint", ("lint", path)),
+            ("diff", ("diff", path, path)),
         ):
             cases.append(Case("special", argv, {}, {}, specials, note=f"{note} as {role}"))
     return cases

@@ -1,6 +1,7 @@
 """The long fuzz run (``make fuzz``): thousands of generated cases through worker processes.
 
     python -m tests.fuzz.run [--policies N] [--models N] [--env N] [--flags N] [--special N]
+                             [--diff N] [--matrix N]
                              [--seed S] [--jobs J] [--console N]
 
 Every case is generated from ``--seed`` and its index, so a run (and any failure it finds)
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", type=int, default=max(knob * 15 // 100, 1))
     parser.add_argument("--flags", type=int, default=max(knob // 10, 1))
     parser.add_argument("--special", type=int, default=max(knob // 50, 1))
+    parser.add_argument("--diff", type=int, default=max(knob // 20, 1))
+    parser.add_argument("--matrix", type=int, default=max(knob // 50, 1))
     parser.add_argument(
         "--console", type=int, default=20, help="cases also run through the console script"
     )
@@ -156,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         "env": args.env,
         "flags": args.flags,
         "special": args.special,
+        "diff": args.diff,
+        "matrix": args.matrix,
     }
     cases = list(generate(counts, args.seed))
     print(
