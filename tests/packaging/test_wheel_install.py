@@ -8,6 +8,7 @@ warm); nothing else is installed into the fresh environment.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -84,32 +85,44 @@ def contents(wheel: Path) -> dict[str, str]:
         }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A copy of the tree, its sdist, and the wheel built from the tree."""
-    root = tmp_path_factory.mktemp("build")
+def prepare(root: Path) -> dict[str, Path]:
+    """Copy the tree, build its sdist and wheel, install the wheel into a fresh environment
+    (no pip of its own, no torch)."""
     source = root / "source"
     shutil.copytree(REPO, source, symlinks=True, ignore=NOT_SOURCE)
-    return {
-        "source": source,
-        "sdist": build("build_sdist", source, root / "sdist"),
-        "wheel": build("build_wheel", source, root / "wheel"),
-    }
-
-
-@pytest.fixture(scope="module")
-def venv(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh environment (no pip of its own, no torch) with the wheel installed."""
-    home = tmp_path_factory.mktemp("venv")
-    env = home / "env"
-    done = run(sys.executable, "-m", "venv", "--without-pip", env, cwd=home)
+    sdist = build("build_sdist", source, root / "sdist")
+    wheel = build("build_wheel", source, root / "wheel")
+    env = root / "env"
+    done = run(sys.executable, "-m", "venv", "--without-pip", env, cwd=root)
     assert done.returncode == 0, done.stderr
     done = run(
-        sys.executable, "-m", "pip", "--python", env / "bin" / "python", "install", "-q",
-        built["wheel"], cwd=home,
+        sys.executable, "-m", "pip", "--python", env / "bin" / "python", "install", "-q", wheel,
+        cwd=root,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    return env
+    return {"source": source, "sdist": sdist, "wheel": wheel, "env": env}
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Path]:
+    """The tree's sdist and wheel and the environment holding the wheel, made once per
+    session (pytest-xdist workers share them through a lock file)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "packaging"
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = root / "made.json"
+        if not made.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            paths = prepare(root)
+            made.write_text(json.dumps({k: str(v) for k, v in paths.items()}))
+    return {k: Path(v) for k, v in json.loads(made.read_text()).items()}
+
+
+@pytest.fixture
+def venv(built: dict[str, Path]) -> Path:
+    return built["env"]
 
 
 @pytest.fixture(scope="module")
