@@ -180,7 +180,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         dest="verbosity",
         action="store_const",
         const=1,
-        help="also debug events, and every event even where the report already shows it",
+        help="more detail (whole hashes and fingerprint, experts classes) and every event, "
+        "debug ones too, even where the report already shows it",
     )
     parser.add_argument(
         "--log-format",
@@ -230,7 +231,7 @@ def _print(explanation: Any, args: argparse.Namespace) -> None:
         if args.verbosity < 0:
             sys.stdout.write(decision_line(explanation.decision, style) + "\n")
         else:
-            layout = Layout(output_width(sys.stdout), style)
+            layout = Layout(output_width(sys.stdout), style, verbose=args.verbosity > 0)
             sys.stdout.write(render(explanation, args.model, layout))
     sys.stdout.flush()
 

@@ -19,10 +19,13 @@ LABEL = 13
 
 @dataclass(frozen=True)
 class Layout:
-    """How the report is laid out: its width in columns and its colours."""
+    """How the report is laid out: its width in columns, its colours, and whether it shows
+    every detail (``explain -v``: each candidate's experts class where it has several,
+    the whole sha256 of each policy file and the whole fingerprint)."""
 
     width: int = WIDTH
     style: Style = PLAIN
+    verbose: bool = False
 
     def heading(self, title: str, note: str = "") -> str:
         return "\n".join(map(self.style.bold, heading(title, note, self.width).splitlines()))
@@ -39,7 +42,12 @@ def _origin_and_beaten(origin: str, resolved: Resolved | None) -> str:
 def ladder(settings: Settings, layout: Layout = Layout()) -> str:
     """The layers, lowest first, and every policy file looked at."""
     rows = [
-        (info.layer, info.path, "found" if info.found else "missing", (info.sha256 or "")[:12])
+        (
+            info.layer,
+            info.path,
+            "found" if info.found else "missing",
+            (info.sha256 or "") if layout.verbose else (info.sha256 or "")[:12],
+        )
         for info in settings.files
     ]
     return "\n".join(
@@ -122,7 +130,9 @@ def candidates_table(decision: Decision, layout: Layout = Layout()) -> str:
     """Every backend: status, the pass that decided it, the reason and its detail."""
     rows = [
         (
-            cand.backend,
+            f"{cand.backend}\n{cand.experts_class}"
+            if layout.verbose and cand.experts_class
+            else cand.backend,
             _status(cand),
             cand.reason_code.value if cand.reason_code else "",
             cand.detail,
@@ -221,7 +231,7 @@ def decision_block(explanation: Explanation, layout: Layout = Layout()) -> str:
     )
     lines.append(
         _fill(
-            f"{d.fingerprint[:16]}  (decision id {d.decision_id}, moe_policy {d.library_version})",
+            f"{d.fingerprint if layout.verbose else d.fingerprint[:16]}  (decision id {d.decision_id}, moe_policy {d.library_version})",
             "fingerprint:",
         )
     )

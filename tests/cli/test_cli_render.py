@@ -106,3 +106,17 @@ def test_wrap_never_cuts_an_identifier_and_cuts_a_long_path_after_a_slash():
         "ccc/",
         "dddd.yaml:1:2",
     ]
+
+
+def test_verbose_report_shows_whole_hashes(make_selector, monkeypatch):
+    """-v's layout prints the whole fingerprint and policy sha256; the default their prefixes."""
+    monkeypatch.chdir(REPO)
+    selector = make_selector(str(Path(MODELS, "qwen3-30b-a3b.json").relative_to(REPO)))
+    explanation = selector.explain()
+    digest = explanation.settings.files[0].sha256
+    fingerprint = explanation.decision.fingerprint
+    verbose = render(explanation, "m", Layout(verbose=True))
+    default = render(explanation, "m")
+    assert digest in verbose and fingerprint in verbose
+    assert digest not in default and fingerprint not in default
+    assert digest[:12] in default and fingerprint[:16] in default

@@ -16,7 +16,7 @@ from tests.cli.runner import run_cli
 LORA_ON_H200 = ("--model", "qwen3-30b-a3b", "--platform", "cuda", "--capability", "9.0", "--lora")
 CUTLASS = {"MOE_POLICY_BACKEND": "flashinfer_cutlass"}
 #: A decision id differs per process; everything else in the report is reproducible.
-DECISION_ID = re.compile(r"^[0-9a-f]{8}-\d{8},?$")
+DECISION_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{8},?$")
 RULE_OR_GAP = re.compile(r"^[-=]+$")
 
 
