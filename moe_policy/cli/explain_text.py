@@ -268,10 +268,18 @@ def render(explanation: Explanation, model: str, layout: Layout = Layout()) -> s
 
 
 def decision_line(decision: Decision, style: Style = PLAIN) -> str:
-    """The decision in one line (``explain -q``): layer, backend, class, format, outcome."""
+    """The decision in one line (``explain -q``): layer, backend, class, format, outcome;
+    or that nothing can run, or what strict mode refuses."""
     head = f"{decision.layer_label()}: "
     if decision.backend is None:
         return head + style.bad("no feasible backend")
+    override = decision.override
+    if decision.mode == "strict" and override is not None:
+        return (
+            head
+            + style.bad("refused in strict mode")
+            + f": {override.requested} from {override.origin} ({override.reason_code.value})"
+        )
     line = (
         head
         + style.good(decision.backend)
@@ -280,6 +288,6 @@ def decision_line(decision: Decision, style: Style = PLAIN) -> str:
     )
     if decision.requested:
         line += f" (requested {decision.requested.backend} via {decision.requested.origin})"
-    for override in decision.overrides:
-        line += f"; {override.requested}: " + style.warn(override.reason_code.value)
+    for vetoed in decision.overrides:
+        line += f"; {vetoed.requested}: " + style.warn(vetoed.reason_code.value)
     return line

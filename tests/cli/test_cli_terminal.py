@@ -112,6 +112,18 @@ def test_quiet_prints_the_decision_line_only():
     assert piped.returncode == 0 and piped.stdout.count("\n") == 1
 
 
+def test_quiet_line_says_what_strict_mode_refuses_and_when_nothing_runs():
+    """-q in strict mode names the refused request (exit 3); no backend at all says so (exit 4)."""
+    strict = run_cli("explain", *LORA_ON_H200, "--mode", "strict", "-q", env=CUTLASS)
+    assert strict.returncode == 3
+    assert strict.stdout == (
+        "layer moe: refused in strict mode: flashinfer_cutlass from env:MOE_POLICY_BACKEND "
+        "(lora_unsupported)\n"
+    )
+    fp8 = run_cli("explain", "--model", "deepseek-v3", "--platform", "cuda", "-q")
+    assert (fp8.returncode, fp8.stdout) == (4, "layer moe: no feasible backend\n")
+
+
 def test_log_lines_do_not_repeat_the_report_on_a_terminal():
     """On a terminal the decision and override events are in the report only; -v and an
     asked-for --log-format print them."""
