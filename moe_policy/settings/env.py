@@ -33,6 +33,7 @@ OUR_VARIABLES = {
     "MOE_POLICY_FILES": None,
     "MOE_POLICY_ENGINE": None,  # read by the Selector: it picks the catalog the layers use
     "MOE_POLICY_AUDIT_DIR": None,  # read by the audit profile's ${oc.env:...} interpolation
+    "MOE_POLICY_TUNED_CONFIG_DIR": None,  # read by the Triton kernels: user tuned tile files
 }
 AITER = "VLLM_ROCM_USE_AITER"
 AITER_MOE = "VLLM_ROCM_USE_AITER_MOE"
