@@ -133,6 +133,12 @@ def test_every_resolver_but_the_audit_directory_is_refused_in_audit_path(
             "/fb/d.jsonl",
         ),
         ("/plain/d.jsonl", ENV, "/plain/d.jsonl"),
+        # the variable's value is inserted as it is, never interpolated in turn
+        (
+            "${oc.env:MOE_POLICY_AUDIT_DIR}/d.jsonl",
+            {"MOE_POLICY_AUDIT_DIR": REF, **ENV},
+            f"{REF}/d.jsonl",
+        ),
     ],
 )
 def test_audit_path_interpolates_the_audit_directory(tmp_path: Path, written, environ, expected):
