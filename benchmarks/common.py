@@ -18,6 +18,7 @@ import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -43,14 +44,53 @@ class MoEShape:
         return (self.n1 * self.hidden + self.hidden * self.inter) * 2
 
 
-SHAPES: dict[str, MoEShape] = {
-    "nemotron3-nano": MoEShape("nemotron3-nano", 128, 2688, 1856, 6, False, "relu2"),
-    "mixtral-8x7b": MoEShape("mixtral-8x7b", 8, 4096, 14336, 2, True, "silu"),
-    "qwen3-30b-a3b": MoEShape("qwen3-30b-a3b", 128, 2048, 768, 8, True, "silu"),
-    "gpt-oss-20b": MoEShape("gpt-oss-20b", 32, 2880, 2880, 4, True, "swigluoai", has_bias=True),
-    # routed experts of DeepSeek-V3 in bf16 (the checkpoint is fp8): no tuned file, the heuristic
-    "deepseek-v3": MoEShape("deepseek-v3", 256, 7168, 2048, 8, True, "silu"),
-}
+#: The shape corpus: routed-expert layers of public MoE models (``moe_shapes.json`` beside this
+#: module, each entry naming the Hugging Face repo its numbers come from).
+CORPUS_FILE = Path(__file__).with_name("moe_shapes.json")
+
+
+def load_shapes(path: Path = CORPUS_FILE) -> dict[str, MoEShape]:
+    """The shapes of a corpus file, by name (``{"shapes": [{name, num_experts, top_k, hidden,
+    inter, activation, gated, has_bias?}]}``; other keys document the entry)."""
+    entries = json.loads(path.read_text())["shapes"]
+    return {
+        e["name"]: MoEShape(
+            e["name"],
+            int(e["num_experts"]),
+            int(e["hidden"]),
+            int(e["inter"]),
+            int(e["top_k"]),
+            bool(e["gated"]),
+            str(e["activation"]),
+            bool(e.get("has_bias", False)),
+        )
+        for e in entries
+    }
+
+
+SHAPES: dict[str, MoEShape] = load_shapes()
+#: Corpus shapes without a shipped tuned H200 file: where the heuristic runs.
+UNTUNED_SHAPES = tuple(
+    e["name"] for e in json.loads(CORPUS_FILE.read_text())["shapes"] if not e.get("tuned_h200")
+)
+
+
+def shape_from_model(spec: str) -> MoEShape:
+    """The routed-expert layer of a Hugging Face ``config.json`` (a file, a model directory or
+    a bundled model's name), named after the file; PolicyError naming the file and key when
+    the config has no MoE facts."""
+    from moe_policy.core.model import load_model
+
+    facts = load_model(spec)
+    path = Path(facts.path)
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return MoEShape(name, int(facts.value("model.num_experts")),
+                    int(facts.value("model.hidden_size")),
+                    int(facts.value("model.intermediate_size")), int(facts.value("model.top_k")),
+                    bool(facts.value("model.gated")), str(facts.value("model.activation")),
+                    bool(facts.value("model.has_bias")))  # fmt: skip
+
+
 #: What the GPU benchmarks and tuning tools run by default: three shapes, decode to prefill.
 DEFAULT_SHAPES = ("nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b")
 DEFAULT_TOKENS = (1, 16, 64, 256, 1024, 4096, 8192)

@@ -52,7 +52,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from benchmarks.common import (
@@ -75,6 +75,7 @@ from benchmarks.common import (
     positive_int,
     routing_sets,
     shape_adapters,
+    shape_from_model,
     shape_weights,
     time_eager_us,
     time_graph_held_us,
@@ -365,6 +366,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "argv": sys.argv[1:],
         "format": args.format,
+        "shapes": {name: asdict(SHAPES[name]) for name in args.shapes},
     }
     ceil = {"copy_tbps": 4.3, "matmul_tflops": 790.0} if args.warm else measure_ceilings()
     print(f"# {info['device']} torch {info['torch']} triton {info['triton']}", flush=True)
@@ -467,6 +469,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if held is not None:
         out["ceilings_held"] = held
     return out
+
+
+def model_shape(spec: str) -> str:
+    """``--model``: the routed-expert layer of a Hugging Face config, added to ``SHAPES`` under
+    the model's name; its name. ValueError naming the file and key when it is no MoE config."""
+    from moe_policy.errors import PolicyError
+
+    try:
+        shape = shape_from_model(spec)
+    except (PolicyError, OSError) as exc:
+        raise ValueError(f"--model {spec}: {exc}") from None
+    known = SHAPES.get(shape.name)
+    if known is not None and known != shape:
+        shape = replace(shape, name=f"{shape.name}@{spec}")
+    SHAPES[shape.name] = shape
+    return shape.name
+
+
+def register_shapes(payload: dict[str, Any]) -> None:
+    """Shapes a sweep recorded (``--model`` ones among them) into ``SHAPES``, for ``--table``."""
+    for name, fields in payload.get("info", {}).get("shapes", {}).items():
+        SHAPES.setdefault(name, MoEShape(**fields))
 
 
 def _overheads(row: dict[str, Any]) -> dict[str, float]:
@@ -721,6 +745,9 @@ def main() -> None:
     p.add_argument("--format", default="standard", choices=sorted(FORMATS),
                    help="which implementations a sweep times by default (see above)")  # fmt: skip
     add_shape_args(p)
+    p.add_argument("--model", nargs="+", metavar="CONFIG",
+                   help="time these models' routed-expert layers instead of --shapes: Hugging "
+                        "Face config.json files, model directories or bundled model names")  # fmt: skip
     p.add_argument("--impls", nargs="+", choices=list(IMPLEMENTATIONS),
                    help="implementations to time (default: those of --format)")  # fmt: skip
     p.add_argument("--replays", type=positive_int, default=50)
@@ -753,11 +780,17 @@ def main() -> None:
             payload = load_sweep(args.table)
         except ValueError as exc:
             p.error(f"--table {exc}")
+        register_shapes(payload)
         unknown = sorted({r["shape"] for r in payload["rows"]} - set(SHAPES))
         if unknown:
             p.error(f"{args.table}: shapes not in benchmarks.common.SHAPES: {', '.join(unknown)}")
         print_table(payload, args.missed)
         return
+    if args.model:
+        try:
+            args.shapes = [model_shape(spec) for spec in args.model]
+        except ValueError as exc:
+            p.error(str(exc))
     if args.merge and not args.out:
         p.error("--merge writes the merged sweep: give --out DIR")
     args.impls = args.impls or list(FORMATS[args.format])

@@ -152,3 +152,49 @@ def test_token_counts_below_one_are_usage_errors(module, monkeypatch, capsys):
         mod.main()
     assert exc.value.code == 2
     assert "argument --tokens: must be at least 1, got '0'" in capsys.readouterr().err
+
+
+def test_shape_corpus_is_real_models_with_their_sources():
+    """The corpus file: unique names, each with the Hugging Face repo its numbers come from,
+    top-k within the experts; the shipped tuned shapes are marked, the others are untuned."""
+    import json
+
+    entries = json.loads(common.CORPUS_FILE.read_text())["shapes"]
+    assert len({e["name"] for e in entries}) == len(entries) == len(common.SHAPES) >= 16
+    for e in entries:
+        assert "/" in e["repo"] and 1 <= e["top_k"] <= e["num_experts"]
+    assert set(common.UNTUNED_SHAPES) == {e["name"] for e in entries if not e.get("tuned_h200")}
+    assert {"deepseek-v3", "kimi-k2", "granite-3.0-1b-a400m"} <= set(common.UNTUNED_SHAPES)
+
+
+def test_shape_from_a_hugging_face_config(tmp_path):
+    """--model: a config.json (by file or directory) gives its routed-expert layer, named after
+    its directory; a config without MoE keys is a PolicyError naming the file."""
+    import json
+
+    from moe_policy.errors import PolicyError
+
+    d = tmp_path / "OLMoE-1B-7B"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "olmoe", "num_experts": 64, "num_experts_per_tok": 8, "hidden_size": 2048,
+        "intermediate_size": 1024, "hidden_act": "silu"}))  # fmt: skip
+    s = common.shape_from_model(str(d))
+    assert (s.name, s.num_experts, s.top_k, s.hidden, s.inter, s.gated) == (
+        "OLMoE-1B-7B", 64, 8, 2048, 1024, True)  # fmt: skip
+    assert common.shape_from_model("deepseek-v3") == common.SHAPES["deepseek-v3"]
+    (d / "config.json").write_text(json.dumps({"hidden_size": 2048}))
+    with pytest.raises(PolicyError, match=r"config\.json"):
+        common.shape_from_model(str(d))
+
+
+def test_kernels_model_flag_errors_name_the_file(tmp_path):
+    import subprocess
+
+    bad = tmp_path / "dense.json"
+    bad.write_text('{"hidden_size": 4096, "intermediate_size": 11008}')
+    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--model", str(bad)],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=common.CORPUS_FILE.parents[1])  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith(f"kernels.py: error: --model {bad}: ")
