@@ -506,20 +506,45 @@ def test_heuristic_configs_are_sane(t, e, k, h, i, gated):
             assert v >= 16 and v & (v - 1) == 0
         assert tc.smem_bytes(c.block_m, g, b_tiles) <= tc.SMEM_LIMIT
     per_expert = t * k / e
-    if per_expert >= 64:
-        assert c.block_m == 128
-        # from 128 pairs per expert persistent GEMMs where the N tiles divide I and H (Qwen3,
-        # Mixtral), else half-height tiles for the experts' last blocks (Nemotron: N = 1856
-        # and 2688 leave narrow tiles; and every shape below 128 pairs per expert)
+    if tc.is_decode_batch(t, k, e):
+        assert c.block_m == 16 and c.pdl
+        return
+    # the block holds an expert's rows at mean + 2.5 sd; half of it would not
+    rows = tc.expert_rows_quantile(t, e, k)
+    assert c.block_m >= min(128, rows) and (c.block_m == 16 or c.block_m / 2 < rows)
+    if per_expert >= 128:
+        # persistent GEMMs where the N tiles divide I and H (Qwen3, Mixtral), else half-height
+        # tiles for the experts' last blocks (Nemotron: N = 1856 and 2688 leave narrow tiles)
         divides = i % c.gemm1.block_n == 0 and h % c.gemm2.block_n == 0
         assert divides is ((e, i) != (128, 1856))
-        assert c.persistent is (divides and per_expert >= 128)
+        assert c.persistent is divides
         assert c.tail_m == (0 if c.persistent else 64)
     else:
-        assert c.block_m <= 64
-        assert c.tail_m == 0 and not c.persistent
-    if t == 1:
-        assert c.block_m == 16
+        assert not c.persistent
+        assert c.tail_m == (64 if c.block_m == 128 else 0)
+
+
+@pytest.mark.parametrize(("t", "e", "k", "block_m"), [
+    (256, 128, 8, 32),  # 16 rows per expert on average: 16-row blocks would split most experts
+    (64, 8, 2, 32), (1024, 256, 8, 64), (16, 256, 8, 16), (256, 8, 2, 128), (4096, 128, 8, 128),
+])  # fmt: skip
+def test_heuristic_block_holds_an_experts_rows(t, e, k, block_m):
+    assert tc.heuristic_config(t, e, k, 4096, 1536, True).block_m == block_m
+
+
+def test_heuristic_decode_keeps_wide_mma_unless_sms_idle():
+    """Decode N tiles: ~4 programs per SM, but GEMM 2 stays 64 wide unless that leaves SMs
+    idle (E=128, k=8, H=4096: 8 x 64 programs; E=16, k=2: 2 x 64 < 132 -> 32 wide)."""
+    assert tc.heuristic_config(1, 128, 8, 4096, 1536, True).gemm2.block_n == 64
+    assert tc.heuristic_config(1, 16, 2, 4096, 6400, True).gemm2.block_n == 32
+    assert tc.heuristic_config(1, 16, 2, 4096, 6400, True, num_sms=64).gemm2.block_n == 64
+
+
+def test_heuristic_short_intermediate_takes_eight_warps():
+    """I <= 512 (GEMM 2 runs 4 K tiles of 128): 8 warps, 3 stages off decode."""
+    c = tc.heuristic_config(64, 512, 10, 2048, 512, True)
+    assert (c.gemm2.num_warps, c.gemm2.num_stages, c.gemm2.block_k) == (8, 3, 128)
+    assert tc.heuristic_config(64, 512, 10, 2048, 1536, True).gemm2.num_warps == 4
 
 
 def test_tuned_file_nearest_key(tmp_path, monkeypatch):
@@ -1183,3 +1208,26 @@ def test_tma_and_dependent_launches_only_on_nvidia_hopper(monkeypatch, hip, cap,
     assert triton_device.has_tma.__wrapped__(0) is expected
     assert triton_device.pdl_launch(False) == {}
     assert triton_device.pdl_launch(True) == {"launch_pdl": True}
+
+
+def test_user_tuned_dir_wins_over_shipped_files(tmp_path, monkeypatch):
+    """MOE_POLICY_TUNED_CONFIG_DIR: its file for (E, N, device) wins; without one there (or
+    with the variable unset) the shipped file stays the fallback; a broken file is named."""
+    shipped = tc.get_config(64, 128, 8, 2048, 768, True, "NVIDIA H200")
+    mine = tc.MoEConfig(32, tc.GemmConfig(32, 64), tc.GemmConfig(64, 64))
+    import json
+
+    name = tc.config_file_name(128, 768, "NVIDIA H200")
+    monkeypatch.setenv(tc.TUNED_DIR_ENV, str(tmp_path))
+    tc.load_tuned.cache_clear()
+    try:
+        assert tc.get_config(64, 128, 8, 2048, 768, True, "NVIDIA H200") == shipped
+        (tmp_path / name).write_text(json.dumps({"configs": {"64": mine.to_dict()}}))
+        tc.load_tuned.cache_clear()
+        assert tc.get_config(64, 128, 8, 2048, 768, True, "NVIDIA H200") == mine
+        (tmp_path / name).write_text("{not json")
+        tc.load_tuned.cache_clear()
+        with pytest.raises(ValueError, match=r"E=128,N=768.*not a tuned config file"):
+            tc.get_config(64, 128, 8, 2048, 768, True, "NVIDIA H200")
+    finally:
+        tc.load_tuned.cache_clear()

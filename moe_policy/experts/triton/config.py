@@ -13,6 +13,8 @@ wins (halfway between two: ``get_config``).
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -188,6 +190,15 @@ def default_pdl(num_tokens: int, num_experts: int, top_k: int) -> bool:
     return is_decode_batch(num_tokens, top_k, num_experts)
 
 
+def expert_rows_quantile(num_tokens: int, num_experts: int, top_k: int) -> float:
+    """Rows an expert gets under uniform routing, at mean + 2.5 standard deviations: its count
+    is binomial(T, k/E), and a block height at least this tall holds nearly every expert's
+    rows in one block, so that each touched expert's weights are read once."""
+    p = min(1.0, top_k / num_experts)
+    mean = num_tokens * p
+    return mean + 2.5 * math.sqrt(num_tokens * p * (1.0 - p))
+
+
 def heuristic_config(
     num_tokens: int,
     num_experts: int,
@@ -199,45 +210,59 @@ def heuristic_config(
     smem_limit: int = SMEM_LIMIT,
     num_sms: int = HEURISTIC_SMS,
 ) -> MoEConfig:
-    """Batch-aware default: small BLOCK_M for decode, 128-row wgmma tiles for prefill.
+    """Batch-aware default, by what bounds the layer.
 
-    128-row tiles from 64 pairs per expert on (half-height tiles for the experts' short last
-    blocks), persistent GEMMs from 128 on: the tuned files chose 128 rows at every tuned point
-    with 64-128 pairs per expert, and 64-row tiles were slower on a model without a tuned
-    file."""
+    * Decode (``is_decode_batch``): one pair per block, N tiles narrowed until there are about
+      four programs per multiprocessor, but no narrower than a 64-wide MMA unless that leaves
+      fewer programs than multiprocessors; 4 pipeline stages, 5 where K is above 4096.
+    * Below 128 pairs per expert the layer reads weights: BLOCK_M is the smallest power of two
+      (16 to 128) that holds an expert's rows at mean + 2.5 sd (``expert_rows_quantile``), so
+      that an expert's weights are read by one block row, not two; padding rows cost MMA time
+      the memory-bound layer has spare. Deep K tiles (128) and pipelines at 16-64 rows; where
+      GEMM 2's K (the intermediate size) is 4 K tiles or fewer, 8 warps and 3 stages (the
+      pipeline never fills deeper). 128-row blocks take 8-warp tiles of 64 columns of K.
+    * From 128 pairs per expert (compute-bound): 128 x 256 wgmma tiles, persistent GEMMs where
+      the N tiles divide I and H (``default_persistent``), else half-height tail tiles."""
     pairs = max(1, num_tokens * top_k)
     per_expert = pairs / num_experts
-    if per_expert <= 16:
-        block_m = 16
-    elif per_expert <= 32:
-        block_m = 32
-    elif per_expert < 64:
-        block_m = 64
-    else:
-        block_m = 128
+    decode = is_decode_batch(num_tokens, top_k, num_experts)
+    block_m = (
+        16 if decode else _pow2_at_most(expert_rows_quantile(num_tokens, num_experts, top_k), 128)
+    )
     # expected non-empty blocks, used to keep enough programs in flight at decode
     active = min(num_experts, pairs)
     blocks = max(1, active, pairs // block_m)
     b1 = 2 if gated else 1
-    if block_m >= 64:
-        big = block_m == 128
+    short_k2 = inter <= 4 * 128
+    if block_m == 128 and per_expert >= 128:
         # gated: gate and up as one 2*block_n wide wgmma (the 128x256 tile of non-gated GEMMs)
-        g1 = (
-            GemmConfig(128 if gated else 256, 64, 8, 8, 4, one_dot=gated)
-            if big
-            else GemmConfig(64 if gated else 128, 64, 8, 4, 4, one_dot=gated)
-        )
-        g2 = GemmConfig(256, 64, 8, 8, 4) if big else GemmConfig(128, 64, 8, 4, 4)
-    else:
-        # memory-bound: narrow N tiles until there are ~4 programs per multiprocessor
+        g1 = GemmConfig(128 if gated else 256, 64, 8, 8, 4, one_dot=gated)
+        g2 = GemmConfig(256, 64, 8, 8, 4)
+    elif block_m == 128:
+        g1 = GemmConfig(64 if gated else 128, 64, 1, 8, 3, one_dot=gated)
+        g2 = GemmConfig(128, 64, 1, 8, 3)
+    elif short_k2 and not decode:
+        g1 = GemmConfig(64 if gated else 128, 128, 1, 8, 3, one_dot=gated)
+        g2 = GemmConfig(128, 128, 1, 8, 3)
+    elif block_m == 16:
+        # memory-bound: narrow N tiles until there are ~4 programs per multiprocessor; decode
+        # keeps MMAs 64 wide unless that leaves an SM idle
         def narrow(n: int, b_tiles: int) -> int:
             bn = 128 // b_tiles
+            floor = 64 // b_tiles if decode else 32
             while bn > 32 and blocks * -(-n // bn) < 4 * num_sms:
+                if bn <= floor and blocks * -(-n // bn) >= num_sms:
+                    break
                 bn //= 2
             return bn
 
-        g1 = GemmConfig(narrow(inter, b1), 128, 1, 4, 5)
-        g2 = GemmConfig(narrow(hidden, 1), 128, 1, 4, 5)
+        # decode: 5 stages where K is long (> 4096), else 4 (5 cost 1-10 % on shorter K)
+        s1, s2 = (5, 5) if not decode else (4 + (hidden > 4096), 4 + (inter > 4096))
+        g1 = GemmConfig(narrow(inter, b1), 128, 1, 4, s1)
+        g2 = GemmConfig(narrow(hidden, 1), 128, 1, 4, s2)
+    else:
+        g1 = GemmConfig(64 if gated else 128, 128, 1, 4, 5)
+        g2 = GemmConfig(128, 128, 1, 4, 5)
     # clamp tiles to the problem; TMA tiles where the GPU and the tensors allow (the launcher
     # falls back to pointers otherwise)
     g1 = replace(g1, block_n=_pow2_at_most(inter, g1.block_n),
@@ -275,15 +300,42 @@ def config_file_name(num_experts: int, inter: int, device_name: str) -> str:
     return f"E={num_experts},N={inter},device_name={normalize_device_name(device_name)}.json"
 
 
-@lru_cache(maxsize=64)
+#: Environment variable naming a directory of tuned files (``python -m tools.tune`` writes
+#: them there); its files win over the shipped ones, which stay the fallback.
+TUNED_DIR_ENV = "MOE_POLICY_TUNED_CONFIG_DIR"
+
+
+def tuned_dirs() -> list[Path]:
+    """Where tuned files are looked up, first match wins: the user's directory
+    (``MOE_POLICY_TUNED_CONFIG_DIR``, when set) and the shipped ``CONFIG_DIR``."""
+    user = os.environ.get(TUNED_DIR_ENV, "").strip()
+    return ([Path(user)] if user else []) + [CONFIG_DIR]
+
+
 def load_tuned(num_experts: int, inter: int, device_name: str) -> dict[int, MoEConfig] | None:
-    """Tuned configs keyed by token count, or None when no file exists."""
-    path = CONFIG_DIR / config_file_name(num_experts, inter, device_name)
-    if not path.is_file():
-        return None
-    raw = json.loads(path.read_text())
-    table = raw.get("configs", raw)
-    return {int(m): MoEConfig.from_dict(c) for m, c in table.items()}
+    """Tuned configs keyed by token count from the first directory of ``tuned_dirs`` holding
+    the (E, N, device) file, or None when none does; ValueError naming the file when it is not
+    a tuned file."""
+    name = config_file_name(num_experts, inter, device_name)
+    for folder in tuned_dirs():
+        path = folder / name
+        if path.is_file():
+            return _load_tuned_file(str(path))
+    return None
+
+
+@lru_cache(maxsize=64)
+def _load_tuned_file(path: str) -> dict[int, MoEConfig]:
+    try:
+        raw = json.loads(Path(path).read_text())
+        table = raw.get("configs", raw)
+        return {int(m): MoEConfig.from_dict(c) for m, c in table.items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(f"{path}: not a tuned config file ({exc})") from exc
+
+
+#: Forget the parsed tuned files (after one was written or replaced).
+load_tuned.cache_clear = _load_tuned_file.cache_clear  # type: ignore[attr-defined]
 
 
 def get_config(
