@@ -22,6 +22,7 @@ ENTRY_POINTS = [
     "tools.compare_configs",
     "tools.smem_check",
     "tools.ptx_report",
+    "tools.tune",
 ]
 
 

@@ -1,0 +1,130 @@
+"""``python -m tools.tune`` on a machine without a GPU: every bad input is one error line
+naming its origin (exit 2) before any GPU work, the candidates it would time, its table, and
+the kernels picking a written file up from ``MOE_POLICY_TUNED_CONFIG_DIR``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import SHAPES
+from moe_policy.experts.triton import config as tc
+from tools import tune
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_tune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if k != tc.TUNED_DIR_ENV}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "tools.tune", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=120, env=full)  # fmt: skip
+
+
+def error_line(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("moe-policy tune: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def hf_config(tmp_path):
+    def write(**over):
+        cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+               "num_experts": 128, "num_experts_per_tok": 8, "hidden_size": 4096,
+               "moe_intermediate_size": 1536, "hidden_act": "silu", "torch_dtype": "bfloat16"}  # fmt: skip
+        cfg.update(over)
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(cfg))
+        return str(path)
+
+    return write
+
+
+def test_no_gpu_is_one_error_after_the_inputs_check(hf_config, tmp_path):
+    line = error_line(run_tune("--model", hf_config(), "--out", str(tmp_path / "tuned")))
+    assert line.endswith("no CUDA GPU: tuning times the kernels on the GPU they will run on")
+    assert (tmp_path / "tuned").is_dir()  # the directory was checked (created, written) first
+
+
+def test_unwritable_directory_is_named(hf_config, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = error_line(run_tune("--model", hf_config(), "--out", str(blocker / "sub")))
+    assert "cli:--out: cannot write to" in line and "Not a directory" in line
+
+
+def test_directory_from_the_environment_or_none(hf_config, tmp_path):
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    line = error_line(run_tune("--model", hf_config(), env={tc.TUNED_DIR_ENV: str(blocker / "x")}))
+    assert f"env:{tc.TUNED_DIR_ENV}: cannot write to" in line
+    line = error_line(run_tune("--model", hf_config()))
+    assert line.endswith(f"cli:--out: no directory: give --out DIR or set {tc.TUNED_DIR_ENV}")
+
+
+@pytest.mark.parametrize(("over", "args", "want"), [
+    ({"quantization_config": {"quant_method": "fp8"}}, (),
+     "the Triton kernels run bf16/fp16 experts; this model's are quantized (fp8)"),
+    ({"hidden_act": "relu2", "is_gated": True}, (), "relu2 experts are non-gated"),
+    ({"hidden_act": "mish"}, (), "unknown activation 'mish'"),
+    ({"num_experts": 2048}, ("--ep", "1"), "2048 experts per rank; the kernels run at most 1024"),
+    ({}, ("--tp", "5"), "cli:--tp: 5 does not divide the expert intermediate size 1536"),
+    ({}, ("--ep", "3"), "cli:--ep: 3 does not divide the expert count 128"),
+])  # fmt: skip
+def test_models_the_kernels_cannot_run(hf_config, tmp_path, over, args, want):
+    line = error_line(run_tune("--model", hf_config(**over), "--out", str(tmp_path), *args))
+    assert want in line
+
+
+def test_missing_model_file_names_it(tmp_path):
+    line = error_line(run_tune("--model", str(tmp_path / "nope.json"), "--out", str(tmp_path)))
+    assert "nope.json" in line and "not found" in line
+
+
+def test_rank_shapes_split_the_layer(hf_config):
+    shape, quant = tune.model_shape(hf_config(), tp=2, ep=4)
+    assert quant == "none"
+    assert (shape.num_experts, shape.top_k, shape.inter, shape.hidden) == (32, 2, 768, 4096)
+    assert shape.name.endswith("-tp2-ep4")
+
+
+@pytest.mark.parametrize("t", [1, 16, 256, 1024, 4096])
+def test_candidates_start_with_the_heuristic_and_fit(t):
+    s = SHAPES["qwen3-235b-a22b"]
+    cands = tune.candidates(s, t)
+    assert cands[0] == tc.heuristic_config(t, s.num_experts, s.top_k, s.hidden, s.inter, s.gated)
+    assert len(cands) == len(set(cands)) > 4
+    for c in cands:
+        assert tc.MoEConfig.from_dict(c.to_dict()) == c
+        for g, b in ((c.gemm1, 2), (c.gemm2, 1)):
+            assert tc.smem_bytes(c.block_m, g, b) <= tc.SMEM_LIMIT
+    if t >= 1024:
+        assert any(c.persistent for c in cands) and any(not c.persistent for c in cands)
+
+
+def test_report_table_and_tuned_file_round_trip(tmp_path, monkeypatch):
+    s = SHAPES["qwen3-235b-a22b"]
+    best = tune.candidates(s, 256)[3]
+    rows = [{"T": 256, "bound_us": 1000.0, "heuristic_us": 1100.0, "tuned_us": 1000.0,
+             "config": best.to_dict(), "candidates": 9}]  # fmt: skip
+    table = tune.report_table(rows)
+    assert table.splitlines()[2] == "| 256 | 1100.0 | 1000.0 | +10.0% | 1.00 |"
+    path = tune.write_outputs(s, "NVIDIA H200", rows, str(tmp_path))
+    assert Path(path).name == "E=128,N=1536,device_name=NVIDIA_H200.json"
+    assert json.loads((tmp_path / "tune_report.json").read_text())["rows"] == rows
+    monkeypatch.setenv(tc.TUNED_DIR_ENV, str(tmp_path))
+    tc.load_tuned.cache_clear()
+    try:
+        assert tc.get_config(256, 128, 8, 4096, 1536, True, "NVIDIA H200") == best
+        assert tc.get_config(200, 128, 8, 4096, 1536, True, "NVIDIA H200") == best
+    finally:
+        tc.load_tuned.cache_clear()
