@@ -3,6 +3,7 @@ choices and meaning, and the coercion that validates a value for a key."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -171,29 +172,24 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
 
 
 def parse_capability(value: Any) -> tuple[int, int]:
-    """``"9.0"`` / ``9.0`` / ``"90"`` / ``(9, 0)`` -> ``(9, 0)``; ValueError otherwise.
+    """``(major, minor)`` of a capability, for ordering: a context value or operand already
+    checked by ``moe_policy.core.values.parse_capability`` (``MAJOR.MINOR`` exactly), a
+    catalog bound, or a probe lint builds around one (``"9.10"``, ``"100.0"``).
 
     >>> parse_capability("10.3")
     (10, 3)
     """
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        parts = [str(v).strip() for v in value]
-    else:
-        text = str(value).strip().lower().removeprefix("sm").removeprefix("_")
-        if "." in text:
-            parts = text.split(".", 1)
-        elif text.isdigit() and len(text) in (2, 3):
-            parts = [text[:-1], text[-1]]
-        else:
-            parts = []
-    if len(parts) == 2 and all(p.isdigit() for p in parts):
-        return int(parts[0]), int(parts[1])
-    raise ValueError(f"not a compute capability: {value!r} (expected e.g. 9.0 or 10.0)")
+    pair = isinstance(value, (tuple, list)) and len(value) == 2
+    if pair and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return int(value[0]), int(value[1])
+    text = repr(value) if isinstance(value, float) else value
+    match = _CAPABILITY_ORDER.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"not a compute capability: {value!r} (expected MAJOR.MINOR, e.g. 9.0)")
+    return int(match[1]), int(match[2])
 
 
-def format_capability(value: Any) -> str:
-    major, minor = parse_capability(value)
-    return f"{major}.{minor}"
+_CAPABILITY_ORDER = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})", re.ASCII)
 
 
 def coerce_value(key: str, value: Any, origin: Origin | str) -> Any:

@@ -372,3 +372,16 @@ def test_model_fields_are_typed(tmp_path, change, fragments):
     assert f"file:{model}:" in error, error
     for fragment in fragments:
         assert fragment in error, (fragment, error)
+
+
+def test_an_empty_audit_path_in_a_policy_file_is_an_error(tmp_path):
+    """`audit.path: ''` does not switch the audit off silently: an error at its position."""
+    policy = _write(tmp_path, "policy.yaml", "version: 1\naudit:\n  path: ''\n")
+    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--policy", policy)
+    assert run.returncode == 2
+    [error] = run.errors()
+    assert f"file:{policy}:3:9" in error and "audit.path: an empty value is not a path" in error
+    lint = run_cli("lint", "--json", policy)
+    assert lint.returncode == 1
+    [finding] = lint.json()["findings"]
+    assert finding["location"] == f"{policy}:3:9" and "an empty value" in finding["message"]
