@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from moe_policy.api import Explanation
-from moe_policy.cli.table import WIDTH, fill, heading, paint_column, table, value_text
+from moe_policy.cli.table import WIDTH, fill, heading, paint_column, table, value_text, wrap
 from moe_policy.cli.terminal import PLAIN, Style
 from moe_policy.core.decision import Candidate, Decision, RuleRecord, Status
 from moe_policy.settings import Resolved, Settings
@@ -100,7 +100,7 @@ def context_table(explanation: Explanation, model: str, layout: Layout = Layout(
     return "\n".join(
         [
             layout.heading("Context", "the facts the decision is made from"),
-            f"{MODEL_MARK} = file:{model_file}",
+            wrap(f"{MODEL_MARK} = file:{model_file}", layout.width),
             table(rows, ("key", "value", "origin"), total=layout.width),
         ]
     )

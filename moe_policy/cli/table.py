@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +16,12 @@ from typing import Any
 WIDTH = 100
 #: The gap between two table columns.
 GAP = 2
+#: How far a last cell that does not fit beside its row is indented under it.
+STACK_INDENT = 4
+#: A hanging table's last column: the first columns keep their natural widths if that
+#: leaves it ``HANG_MIN`` columns, else they are fitted to leave it ``HANG_ROOM``.
+HANG_MIN = 12
+HANG_ROOM = 20
 _PATH_PIECE = re.compile(r"[^/]*/+|[^/]+")
 
 
@@ -25,15 +30,20 @@ def _pieces(word: str) -> list[str]:
     return _PATH_PIECE.findall(word) or [word]
 
 
-def _wrap_line(line: str, width: int) -> list[str]:
-    indent = " " * (len(line) - len(line.lstrip(" ")))
-    follow = indent + "  " if indent else ""
+def _wrap_line(line: str, width: int, follow: str | None = None) -> list[str]:
+    """``line`` in lines of ``width``, the spaces between words kept as written;
+    continuation lines start with ``follow`` (by default two spaces more than the
+    line's own indent, none for a line without one)."""
+    body = line.lstrip(" ")
+    indent = line[: len(line) - len(body)]
+    if follow is None:
+        follow = indent + "  " if indent else ""
     out: list[str] = []
     current, at_start = indent, True
-    for word in line.split():
+    for space, word in re.findall(r"( *)([^ ]+)", body):
         pieces = _pieces(word) if len(follow) + len(word) > width else [word]
         for i, piece in enumerate(pieces):
-            sep = "" if at_start or i else " "
+            sep = "" if at_start else space if i == 0 else ""
             if at_start or len(current) + len(sep) + len(piece) <= width:
                 current += sep + piece
             else:
@@ -53,14 +63,9 @@ def wrap(text: str, width: int | None) -> str:
 
 
 def fill(text: str, width: int, indent: int = 0) -> str:
-    """``text`` filled to ``width``, continuation lines indented by ``indent`` columns."""
-    return textwrap.fill(
-        text,
-        width,
-        subsequent_indent=" " * indent,
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
+    """``text`` as one paragraph filled to ``width`` (wrapped as :func:`wrap` does),
+    continuation lines indented by ``indent`` columns."""
+    return "\n".join(_wrap_line(" ".join(text.splitlines()), width, " " * indent))
 
 
 def _narrowest(cell: str) -> int:
@@ -148,10 +153,9 @@ def table(
 
     Cells wrap at ``widths`` (None: no limit), or, given ``total``, at widths chosen so
     the table fits ``total`` columns (:func:`fit_widths`). Where even the longest words
-    of every column do not fit side by side, the last column goes under each row,
-    indented by ``STACK_INDENT`` (its header under the first header). With two spaces
-    between columns, a table fits ``WIDTH`` when the widths sum to at most
-    ``WIDTH - 2 * (columns - 1)``.
+    of every column do not fit side by side, the last cell of a row goes under the row
+    unless it fits beside it (:func:`_hanging`). With two spaces between columns, a table
+    fits ``WIDTH`` when the widths sum to at most ``WIDTH - 2 * (columns - 1)``.
     """
     texts = [["-" if cell is None or cell == "" else str(cell) for cell in row] for row in rows]
     if total is None:
@@ -160,15 +164,8 @@ def table(
     columns = [[str(h)] + [row[i] for row in texts] for i, h in enumerate(headers)]
     available = total - GAP * (len(columns) - 1)
     if len(columns) > 2 and sum(_narrowest_of(col) for col in columns) > available:
-        return _stacked(texts, headers, total)
+        return _hanging(texts, headers, total)
     return _tabulate(texts, headers, list(fit_widths(columns, total)))
-
-
-#: How far a last cell that does not fit beside its row is indented under it.
-STACK_INDENT = 4
-#: The narrowest the last column of a hanging table may get (else the row goes under).
-HANG_MIN = 12
-HANG_ROOM = 20
 
 
 def _narrowest_of(column: Sequence[str]) -> int:
@@ -176,7 +173,7 @@ def _narrowest_of(column: Sequence[str]) -> int:
     return min(natural, max((_narrowest(cell) for cell in column), default=1))
 
 
-def _stacked(texts: list[list[str]], headers: Sequence[str], total: int) -> str:
+def _hanging(texts: list[list[str]], headers: Sequence[str], total: int) -> str:
     """A table whose last cell stays beside its row where it fits that row's height,
     and otherwise goes on the lines under the row, indented by ``STACK_INDENT``."""
     firsts = [[h, *(row[i] for row in texts)] for i, h in enumerate(headers[:-1])]

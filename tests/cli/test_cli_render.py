@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moe_policy.cli.explain_text import Layout, render
-from moe_policy.cli.table import table, wrap
+from moe_policy.cli.table import fill, table, wrap
 from tests.bundled import MODELS, REPO
 
 SITUATIONS = {
@@ -120,3 +120,14 @@ def test_verbose_report_shows_whole_hashes(make_selector, monkeypatch):
     assert digest in verbose and fingerprint in verbose
     assert digest not in default and fingerprint not in default
     assert digest[:12] in default and fingerprint[:16] in default
+
+
+def test_fill_keeps_the_spacing_written_and_breaks_a_long_path_after_a_slash():
+    """Aligned labels keep their spaces; a path wider than the line continues after a '/'."""
+    assert fill("mode:        warn", 40, indent=13) == "mode:        warn"
+    assert fill(
+        "model: /checkpoints/qwen3/Qwen3-30B-A3B/config.json", 30, indent=2
+    ).splitlines() == [
+        "model: /checkpoints/qwen3/",
+        "  Qwen3-30B-A3B/config.json",
+    ]
