@@ -11,6 +11,7 @@ from typing import Any
 from moe_policy.core.model import ModelFacts
 from moe_policy.core.origin import Origin
 from moe_policy.core.platform import PlatformFacts
+from moe_policy.core.quantization import unquantized
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings import Entry
 
@@ -46,8 +47,13 @@ def vllm_origin(field: str) -> Origin:
     return Origin.engine("vllm", field)
 
 
-def model_facts(moe_config: Any, architecture: str | None = None) -> ModelFacts:
-    """The ``model.*`` facts of one MoE layer, read from its ``FusedMoEConfig``."""
+def model_facts(
+    moe_config: Any,
+    architecture: str | None = None,
+    quantization: Mapping[str, tuple[Any, Origin]] | None = None,
+) -> ModelFacts:
+    """The ``model.*`` facts of one MoE layer, read from its ``FusedMoEConfig`` (and, for a
+    quantized layer, its quantization facts: :func:`quant_facts`)."""
     activation = str(getattr(moe_config.activation, "value", moe_config.activation))
     if activation not in ACTIVATIONS:
         raise PolicyError(
@@ -75,10 +81,10 @@ def model_facts(moe_config: Any, architecture: str | None = None) -> ModelFacts:
         "model.activation": (name, o("moe_config.activation")),
         "model.gated": (gated, o("moe_config.activation")),
         "model.dtype": (DTYPES[dtype_name], o("moe_config.in_dtype")),
-        "model.quantization": ("none", o("unquantized oracle")),
         "model.routing": (ROUTINGS.get(routing_name, "custom"), o("moe_config.routing_method")),
         "model.has_bias": (bool(moe_config.has_bias), o("moe_config.has_bias")),
     }
+    facts.update(quantization or unquantized(o("unquantized oracle")))
     if architecture:
         facts["model.architecture"] = (architecture, o("model_config.architectures"))
     return ModelFacts("vllm:moe_config", facts)
@@ -163,7 +169,7 @@ def platform_entries(platform: Any) -> tuple[PlatformFacts, list[Entry]]:
     if name == "cuda":
         cap = platform.get_device_capability()
         capability = f"{cap.major}.{cap.minor}" if cap is not None else None
-    packages = ["torch", "vllm"] + (["flashinfer"] if _flashinfer_moe_available() else [])
+    packages = ["torch", "vllm", *_optional_packages()]
     facts = PlatformFacts(
         name,
         capability,
@@ -187,6 +193,16 @@ def platform_entries(platform: Any) -> tuple[PlatformFacts, list[Entry]]:
     return facts, entries
 
 
+def _optional_packages() -> list[str]:
+    """The optional kernel packages vLLM's experts classes find (their own probes)."""
+    from vllm.utils import deep_gemm, hpc, import_utils
+
+    found = ["flashinfer"] if _flashinfer_moe_available() else []
+    probes = {"deep_gemm": deep_gemm.has_deep_gemm, "humming": import_utils.has_humming,
+              "hpc": hpc.has_hpc}  # fmt: skip
+    return found + [name for name, probe in probes.items() if probe()]
+
+
 def _flashinfer_moe_available() -> bool:
     """FlashInfer's fused-MoE modules as vLLM's experts classes probe them."""
     from vllm.model_executor.layers.fused_moe.experts import flashinfer_cutlass_moe, trtllm_bf16_moe
@@ -205,3 +221,152 @@ def _cpu_entries(platform: Any) -> list[Entry]:
     amx = bool(torch.cpu._is_amx_tile_supported()) if kind == "x86" else False
     origin = vllm_origin("current_platform.get_cpu_architecture")
     return [Entry("cpu.arch", kind, origin), Entry("cpu.amx", amx, vllm_origin("torch.cpu"))]
+
+
+# --- quantized layers ------------------------------------------------------------------------
+
+#: ``--moe-backend`` values vLLM's fp8 oracle maps (map_fp8_backend), and the batched
+#: variant it swaps in when the all2all kernels deliver the batched format.
+FP8_REQUESTABLE: Mapping[str, str] = {
+    "triton": "triton",
+    "deep_gemm": "deep_gemm",
+    "cutlass": "vllm_cutlass",
+    "flashinfer_trtllm": "flashinfer_trtllm",
+    "flashinfer_cutlass": "flashinfer_cutlass",
+    "marlin": "marlin",
+    "humming": "humming",
+    "aiter": "aiter",
+    "hpc": "hpc",
+}
+FP8_BATCHED = {"triton": "batched_triton", "deep_gemm": "batched_deep_gemm",
+               "vllm_cutlass": "batched_vllm_cutlass"}  # fmt: skip
+
+
+def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tuple[Any, Origin]]:
+    """The ``model.*`` quantization facts of a layer from vLLM's (weight, activation) keys."""
+    from vllm.model_executor.layers.quantization.utils import quant_utils as q
+
+    w_origin, a_origin = vllm_origin("weight_key"), vllm_origin("activation_key")
+    block = None
+    group = None
+    if weight_key == q.kFp8StaticTensorSym:
+        scheme, scale = "fp8", "tensor"
+    elif weight_key == q.kFp8StaticChannelSym:
+        scheme, scale = "fp8", "channel"
+    elif weight_key == q.kMxfp8Static:
+        scheme, scale, group = "mxfp8", "group", 32
+    elif (
+        weight_key is not None
+        and weight_key.dtype == q.FP8_DTYPE
+        and weight_key.scale.static
+        and weight_key.scale.group_shape.row > 1
+        and weight_key.scale.group_shape.col > 1
+    ):
+        shape = weight_key.scale.group_shape
+        scheme, scale, block = "fp8", "block", f"{shape.row}x{shape.col}"
+    else:
+        raise PolicyError(
+            f"vLLM weight key {weight_key} is no fp8 scheme moe_policy knows", w_origin
+        )
+    activations = {
+        None: "none",
+        q.kFp8StaticTensorSym: "static_tensor",
+        q.kFp8DynamicTensorSym: "dynamic_tensor",
+        q.kFp8DynamicTokenSym: "dynamic_token",
+        q.kFp8Dynamic128Sym: "dynamic_group",
+        q.kMxfp8Dynamic: "dynamic_group",
+    }
+    if activation_key not in activations:
+        raise PolicyError(
+            f"vLLM activation key {activation_key} is no activation quantization moe_policy knows",
+            a_origin,
+        )
+    return {
+        "model.quantization": (scheme, w_origin),
+        "model.quant.format": (fmt, vllm_origin("quant_method")),
+        "model.quant.weight_scale": (scale, w_origin),
+        "model.quant.block": (block, w_origin),
+        "model.quant.group_size": (group, w_origin),
+        "model.quant.activation": (activations[activation_key], a_origin),
+        "model.quant.symmetric": (True, w_origin),
+    }
+
+
+def fp8_request_entry(
+    value: str,
+    *,
+    batched: bool,
+    allow_vllm_cutlass: bool,
+    environ: Mapping[str, str],
+    rdna_aiter: bool = False,
+) -> Entry | None:
+    """The explicit request vLLM's fp8 oracle acts on (None: it chooses by priority).
+
+    ``--moe-backend`` first (an unmapped value is an error where vLLM's raises; a CUTLASS
+    request where vLLM disabled CUTLASS too); then ``VLLM_USE_DEEP_GEMM`` and
+    ``VLLM_MOE_USE_DEEP_GEMM`` both set true, which make vLLM take DeepGEMM or fail; then
+    ``VLLM_ROCM_USE_AITER`` / ``VLLM_ROCM_USE_AITER_MOE`` set and on, which do the same for
+    AITER. A switch set off takes the backend out (see :func:`fp8_packages`).
+    """
+    value = str(value or "auto")
+    if value != "auto":
+        origin = vllm_origin("--moe-backend")
+        if value not in FP8_REQUESTABLE:
+            raise PolicyError(
+                f"moe_backend={value!r} is not supported for FP8 MoE (vLLM maps "
+                f"{', '.join(FP8_REQUESTABLE)}){did_you_mean(value, FP8_REQUESTABLE)}",
+                origin,
+                key="backend",
+            )
+        backend = FP8_REQUESTABLE[value]
+        if batched:
+            backend = FP8_BATCHED.get(backend, backend)
+        if backend.endswith("vllm_cutlass") and not allow_vllm_cutlass:
+            raise PolicyError(
+                "vLLM's CUTLASS fp8 MoE backend is disabled for this checkpoint format "
+                "(vLLM offers it to compressed-tensors only)",
+                origin,
+                key="backend",
+            )
+        return Entry("backend", backend, origin)
+    deep_gemm = _switches(environ, "VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")
+    if deep_gemm is not None and deep_gemm[0]:
+        return Entry("backend", "batched_deep_gemm" if batched else "deep_gemm", deep_gemm[1])
+    aiter = _switches(environ, "VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MOE")
+    if aiter is not None and aiter[0] and not rdna_aiter:
+        return Entry("backend", "aiter", aiter[1])
+    return None
+
+
+#: vLLM's reading of its switches (vllm/envs.py): name -> (default, is it on).
+_SWITCHES: Mapping[str, tuple[str, Any]] = {
+    "VLLM_USE_DEEP_GEMM": ("1", lambda v: bool(int(v))),
+    "VLLM_MOE_USE_DEEP_GEMM": ("1", lambda v: bool(int(v))),
+    "VLLM_ROCM_USE_AITER": ("False", lambda v: v.lower() in ("true", "1")),
+    "VLLM_ROCM_USE_AITER_MOE": ("True", lambda v: v.lower() in ("true", "1")),
+}
+
+
+def _switches(environ: Mapping[str, str], *names: str) -> tuple[bool, Origin] | None:
+    """vLLM's pair of switches when either is set: (both on, the variable that decided)."""
+    if not any(name in environ for name in names):
+        return None
+    for name in names:
+        default, is_on = _SWITCHES[name]
+        try:
+            on = is_on(environ.get(name, default))
+        except ValueError:
+            raise PolicyError(
+                f"{name}={environ[name]!r} is not a value vLLM reads (0 or 1)", Origin.env(name)
+            ) from None
+        if not on:
+            return False, Origin.env(name)
+    return True, Origin.env(next(name for name in names if name in environ))
+
+
+def fp8_packages(environ: Mapping[str, str], packages: tuple[str, ...]) -> tuple[str, ...]:
+    """The packages the fp8 oracle may use: DeepGEMM is out when a DeepGEMM switch is off."""
+    deep_gemm = _switches(environ, "VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")
+    if deep_gemm is not None and not deep_gemm[0]:
+        return tuple(p for p in packages if p != "deep_gemm")
+    return packages

@@ -1,10 +1,11 @@
-"""The vLLM general plugin: vLLM's unquantized MoE selection goes through the policy.
+"""The vLLM general plugin: vLLM's unquantized and fp8 MoE selection go through the policy.
 
 Registered in the ``vllm.general_plugins`` entry-point group as ``moe_policy``; vLLM loads
 it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`register` puts
 :func:`moe_policy.integrations.vllm.selection.select_unquantized_moe_backend` where
 ``UnquantizedFusedMoEMethod`` looks its selector up (and in the oracle module, for direct
-callers); a second call changes nothing. A vLLM release no profile describes fails here,
+callers), and :func:`~moe_policy.integrations.vllm.selection.select_fp8_moe_backend` in the
+fp8 oracle and every quantization method that calls it; a second call changes nothing. A vLLM release no profile describes fails here,
 at plugin load, with the list of known profiles.
 """
 
@@ -18,14 +19,29 @@ MARK = "__moe_policy_selector__"
 LOGGER = "moe_policy"
 
 
-def _install(module: Any, replacement: Any) -> None:
-    if getattr(module.select_unquantized_moe_backend, MARK, False):
+#: The modules that bind vLLM 0.33's fp8 selector by name: the oracle and its callers.
+FP8_CALLERS = (
+    "vllm.model_executor.layers.fused_moe.oracle.fp8",
+    "vllm.model_executor.layers.quantization.fp8",
+    "vllm.model_executor.layers.quantization.modelopt",
+    "vllm.model_executor.layers.quantization.online.fp8",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+    "compressed_tensors_moe_w8a8_fp8",
+    "vllm.model_executor.layers.quantization.quark.quark_moe",
+)
+
+
+def _install(module: Any, name: str, replacement: Any) -> None:
+    if getattr(getattr(module, name), MARK, False):
         return
-    module.select_unquantized_moe_backend = replacement
+    setattr(module, name, replacement)
 
 
 def register() -> None:
-    """Route vLLM's unquantized MoE backend selection through the policy (idempotent)."""
+    """Route vLLM's unquantized and fp8 MoE backend selection through the policy
+    (idempotent)."""
+    import importlib
+
     from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method
     from vllm.model_executor.layers.fused_moe.oracle import unquantized
 
@@ -33,18 +49,26 @@ def register() -> None:
 
     selection.engine_profile()  # this vLLM release must have a profile
     select = _routed(selection.select_unquantized_moe_backend)
-    _install(unquantized_fused_moe_method, select)
-    _install(unquantized, select)
+    _install(unquantized_fused_moe_method, "select_unquantized_moe_backend", select)
+    _install(unquantized, "select_unquantized_moe_backend", select)
+    select_fp8 = _routed(selection.select_fp8_moe_backend)
+    for name in FP8_CALLERS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # its optional dependency is missing: vLLM cannot use it either
+            continue
+        _install(module, "select_fp8_moe_backend", select_fp8)
 
 
 def _routed(select: Any) -> Any:
-    def select_unquantized_moe_backend(moe_config: Any) -> Any:
+    def routed(*args: Any, **kwargs: Any) -> Any:
         attach_to_vllm_logging()
-        return select(moe_config)
+        return select(*args, **kwargs)
 
-    setattr(select_unquantized_moe_backend, MARK, True)
-    select_unquantized_moe_backend.__doc__ = select.__doc__
-    return select_unquantized_moe_backend
+    setattr(routed, MARK, True)
+    routed.__name__ = routed.__qualname__ = select.__name__
+    routed.__doc__ = select.__doc__
+    return routed
 
 
 class _ToVllmHandlers(logging.Handler):

@@ -15,9 +15,11 @@ one resolution and 48 cheap lookups.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from moe_policy.api import Selector
@@ -28,8 +30,11 @@ from moe_policy.core.state import STATE
 from moe_policy.errors import PolicyError
 from moe_policy.integrations.vllm.facts import (
     deployment_entries,
+    fp8_packages,
+    fp8_request_entry,
     model_facts,
     platform_entries,
+    quant_facts,
     request_entry,
     vllm_origin,
 )
@@ -146,17 +151,34 @@ def _layer_identity() -> tuple[int | None, str | None]:
     return index, kind
 
 
-def selector_for(moe_config: Any) -> Selector:
+@dataclass(frozen=True)
+class Quantized:
+    """What a quantized oracle is asked besides the layer's config: vLLM's (weight,
+    activation) keys, the checkpoint format of the calling method, the oracle's switches."""
+
+    oracle: str
+    weight_key: Any
+    activation_key: Any
+    fmt: str
+    allow_vllm_cutlass: bool = False
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.oracle, str(self.weight_key), str(self.activation_key), self.fmt,
+                self.allow_vllm_cutlass)  # fmt: skip
+
+
+def selector_for(moe_config: Any, quantized: Quantized | None = None) -> Selector:
     """The cached selector of this layer signature and environment (process state, so
     ``moe_policy.reset()`` forgets it)."""
-    key = ("vllm", _signature(moe_config))
+    key = ("vllm", _signature(moe_config), quantized.key if quantized else None)
     selector: Selector | None = STATE.selectors.get(key)
     if selector is not None:
         return selector
     with STATE.selectors_lock:
         selector = STATE.selectors.get(key)
         if selector is None:
-            selector = _build(moe_config)
+            selector = _build(moe_config, quantized)
             STATE.selectors[key] = selector
     return selector
 
@@ -166,7 +188,7 @@ def decisions() -> list[Decision]:
     return list(STATE.engine_decisions)
 
 
-def _build(moe_config: Any) -> Selector:
+def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
     from vllm.config.vllm import get_current_vllm_config_or_none
     from vllm.platforms import current_platform
 
@@ -178,24 +200,73 @@ def _build(moe_config: Any) -> Selector:
         *deployment_entries(moe_config, getattr(vllm_config, "lora_config", None)),
         *platform_facts,
     ]
-    request = request_entry(
-        moe_config.moe_backend,
-        platform=platform.platform,
-        lora=bool(moe_config.is_lora_enabled),
-        moonep=bool(moe_config.moe_parallel_config.use_moonep_kernels),
-    )
+    profile = engine_profile()
+    quant = None
+    if quantized is None:
+        request = request_entry(
+            moe_config.moe_backend,
+            platform=platform.platform,
+            lora=bool(moe_config.is_lora_enabled),
+            moonep=bool(moe_config.moe_parallel_config.use_moonep_kernels),
+        )
+        checks = _engine_checks(moe_config, load_catalog(profile))
+    else:
+        from vllm._aiter_ops import rocm_aiter_ops
+
+        quant = quant_facts(quantized.weight_key, quantized.activation_key, quantized.fmt)
+        request = fp8_request_entry(
+            moe_config.moe_backend,
+            batched=bool(moe_config.moe_parallel_config.use_batched_activation_format),
+            allow_vllm_cutlass=quantized.allow_vllm_cutlass,
+            environ=os.environ,
+            rdna_aiter=bool(rocm_aiter_ops.is_rdna_aiter_enabled()),
+        )
+        packages = fp8_packages(os.environ, tuple(platform.packages or ()))
+        platform = dataclasses.replace(platform, packages=packages)
+        oracle = profile.for_quantization(str(quant["model.quantization"][0]))
+        checks = _fp8_checks(moe_config, load_catalog(oracle), quantized)
     if request is not None:
         explicit.append(request)
-    profile = engine_profile()
-    catalog = load_catalog(profile)
     return Selector(
-        model_facts(moe_config, architectures[0] if architectures else None),
+        model_facts(moe_config, architectures[0] if architectures else None, quant),
         explicit=explicit,
         platform=platform,
         engine=profile,
         engine_origin=vllm_origin("vllm.__version__"),
-        extra_checks=_engine_checks(moe_config, catalog),
+        extra_checks=checks,
     )
+
+
+def _fp8_checks(
+    moe_config: Any, catalog: Catalog, quantized: Quantized
+) -> dict[str, Callable[..., Any]]:
+    """Per backend: vLLM's ``is_supported_config`` over the fp8 oracle's classes for it,
+    asked with the layer's (weight, activation) keys; LoRA is left to the LoRA pass."""
+    from vllm.model_executor.layers.fused_moe.oracle import fp8
+
+    without_lora = copy.copy(moe_config)
+    without_lora.is_lora_enabled = False
+    checks: dict[str, Callable[..., Any]] = {}
+    for spec in catalog:
+        if spec.engine_name is None or spec.delegated:
+            continue
+        backend = fp8.Fp8MoeBackend[spec.engine_name]
+
+        def check(values: Mapping[str, object], backend: Any = backend) -> Any:
+            fmt = _activation_format(
+                moe_config, values.get("parallel.activation_format") == "batched"
+            )
+            reason = None
+            for cls in fp8.backend_to_kernel_cls(backend):
+                ok, reason = cls.is_supported_config(
+                    cls, without_lora, quantized.weight_key, quantized.activation_key, fmt
+                )
+                if ok:
+                    return True, None
+            return False, f"vLLM: {reason}" if reason else "vLLM: not supported here"
+
+        checks[spec.name] = check
+    return checks
 
 
 def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
@@ -221,6 +292,59 @@ def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
             return backend, cls
     raise PolicyError(
         f"{backend.name}: none of vLLM's experts classes "
+        f"({', '.join(c.__name__ for c in classes)}) accepts this layer, although the policy "
+        f"chose it; the vLLM profile and this vLLM disagree",
+        vllm_origin("is_supported_config"),
+    )
+
+
+#: The quantization method classes that ask the fp8 oracle, by checkpoint format.
+_FP8_CALLERS = {"ModelOptFp8MoEMethod": "modelopt", "Fp8MoEMethod": "fp8"}
+
+
+def _caller_format(allow_vllm_cutlass: bool) -> str:
+    """The checkpoint format of the method asking (compressed-tensors allows CUTLASS)."""
+    if allow_vllm_cutlass:
+        return "compressed-tensors"
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = type(frame.f_locals.get("self")).__name__
+        if owner in _FP8_CALLERS:
+            return _FP8_CALLERS[owner]
+        frame = frame.f_back  # type: ignore[assignment]
+    return "fp8"
+
+
+def select_fp8_moe_backend(
+    config: Any,
+    weight_key: Any,
+    activation_key: Any,
+    allow_vllm_cutlass: bool = False,
+) -> tuple[Any, type | None]:
+    """vLLM's fp8 selection function, decided by the policy (same arguments, same result)."""
+    from vllm.model_executor.layers.fused_moe.oracle import fp8
+
+    quantized = Quantized(
+        "fp8", weight_key, activation_key, _caller_format(allow_vllm_cutlass), allow_vllm_cutlass
+    )
+    selector = selector_for(config, quantized)
+    index, kind = _layer_identity()
+    decision = selector.select(index, kind)
+    STATE.engine_decisions.append(decision)
+    spec = selector.catalog.spec(str(decision.backend))
+    backend = fp8.Fp8MoeBackend[str(spec.engine_name)]
+    if spec.delegated:
+        return backend, None
+    classes = list(fp8.backend_to_kernel_cls(backend))
+    fmt = _activation_format(config, decision.activation_format == "batched")
+    for cls in classes:
+        if cls.__name__ == decision.experts_class:
+            return backend, cls
+    for cls in classes:
+        if cls.is_supported_config(cls, config, weight_key, activation_key, fmt)[0]:
+            return backend, cls
+    raise PolicyError(
+        f"{backend.name}: none of vLLM's fp8 experts classes "
         f"({', '.join(c.__name__ for c in classes)}) accepts this layer, although the policy "
         f"chose it; the vLLM profile and this vLLM disagree",
         vllm_origin("is_supported_config"),

@@ -12,6 +12,7 @@ would then refuse; :func:`grid` is a broad, deterministic set of cases.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -38,11 +39,16 @@ import vllm.model_executor.layers.fused_moe.experts.triton_moe
 import vllm.model_executor.layers.fused_moe.experts.trtllm_bf16_moe
 import vllm.model_executor.layers.fused_moe.experts.trtllm_lora_moe
 import vllm.model_executor.layers.fused_moe.experts.xpu_moe
+import vllm.model_executor.layers.fused_moe.oracle.fp8 as fp8_oracle
 import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
 import vllm.platforms
+import vllm.utils.deep_gemm as vllm_deep_gemm
 import vllm.utils.flashinfer as vllm_flashinfer
+import vllm.utils.hpc as vllm_hpc
+import vllm.utils.import_utils as vllm_import_utils
 from vllm import _aiter_ops
 from vllm._aiter_ops import rocm_aiter_ops
+from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.config.parallel import All2AllBackend
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.config import (
@@ -53,12 +59,21 @@ from vllm.model_executor.layers.fused_moe.config import (
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
+from vllm.model_executor.layers.quantization.utils import quant_utils as qk
+from vllm.model_executor.layers.quantization.utils import w8a8_utils
 from vllm.platforms import CpuArchEnum
 from vllm.platforms.interface import DeviceCapability, PlatformEnum
 
 # The function itself, taken before anything (a plugin under test) can rebind the module's name.
 _SELECT = oracle.select_unquantized_moe_backend
 assert _SELECT.__module__ == oracle.__name__, "vLLM's selector is already patched"
+_SELECT_FP8 = fp8_oracle.select_fp8_moe_backend
+assert _SELECT_FP8.__module__ == fp8_oracle.__name__, "vLLM's fp8 selector is already patched"
+# The fp8 oracle's experts modules too, imported here under the real platform (the oracle
+# imports them lazily; one imported under a fake would snapshot the first case's state).
+for _backend in fp8_oracle.Fp8MoeBackend:  # those backend_to_kernel_cls knows
+    if _backend.name not in ("NONE", "EMULATION", "TRITON_MXFP8", "AITER_MXFP8"):
+        fp8_oracle.backend_to_kernel_cls(_backend)
 
 PLATFORM = vllm.platforms.current_platform  # the singleton every vLLM module imported by name
 
@@ -82,6 +97,16 @@ _FLASHINFER_PROBES = (
     vllm_flashinfer.has_flashinfer_trtllm_fused_moe,
     vllm_flashinfer.has_flashinfer_cutlass_fused_moe,
 )
+# The other kernel-package probes the quantized experts classes ask (bound by name too), and
+# the CUTLASS group-GEMM and AMX-FP8 checks that need vLLM's compiled ops.
+_PACKAGE_PROBES = (
+    vllm_import_utils.has_deep_gemm,
+    vllm_import_utils.has_humming,
+    vllm_hpc.has_hpc,
+    w8a8_utils.cutlass_group_gemm_supported,
+    vllm.model_executor.layers.fused_moe.experts.cpu_moe.cpu_has_amx_fp8,
+)
+_PROBES = (*_FLASHINFER_PROBES, *_PACKAGE_PROBES)
 _ONCE_CACHES = tuple(
     getattr(vllm_logger, f"_print_{level}_once") for level in ("debug", "info", "warning", "error")
 )
@@ -119,6 +144,9 @@ class Case:
     moe_backend: str = "auto"
     env: tuple[tuple[str, str], ...] = ()  # VLLM_ROCM_USE_AITER, VLLM_BATCH_INVARIANT, ...
     has_bias: bool = False
+    quant: str | None = None  # a QUANTS name: the checkpoint's quantization (None: unquantized)
+    deep_gemm: bool = False  # the deep_gemm package is importable
+    humming: bool = False  # the humming package is importable
 
 
 @dataclass(frozen=True)
@@ -207,7 +235,7 @@ _probe_scan: tuple[int, list[tuple[types.ModuleType, str]]] = (-1, [])
 
 
 def _probe_bindings() -> list[tuple[types.ModuleType, str, Callable[[], bool]]]:
-    """Every (module, name) in a loaded vllm module bound to one of the FlashInfer probes.
+    """Every (module, name) in a loaded vllm module bound to one of the probes.
 
     Scanning sys.modules costs milliseconds, so the modules holding a binding are remembered and
     scanned again only when the number of loaded modules changes; each remembered binding is
@@ -220,9 +248,9 @@ def _probe_bindings() -> list[tuple[types.ModuleType, str, Callable[[], bool]]]:
             if module is None or not (module_name == "vllm" or module_name.startswith("vllm.")):
                 continue
             namespace = vars(module)
-            holders += [(module, p.__name__) for p in _FLASHINFER_PROBES if p.__name__ in namespace]
+            holders += [(module, p.__name__) for p in _PROBES if p.__name__ in namespace]
         _probe_scan = (len(sys.modules), holders)
-    probes = {probe.__name__: probe for probe in _FLASHINFER_PROBES}
+    probes = {probe.__name__: probe for probe in _PROBES}
     return [
         (module, name, probes[name])
         for module, name in _probe_scan[1]
@@ -254,6 +282,31 @@ def _restore_aiter_class_state(saved: dict[str, Any]) -> None:
         setattr(rocm_aiter_ops, key, value)
 
 
+def _supports_fp8(case: Case) -> bool:
+    if case.platform == "cuda":
+        return case.capability is not None and case.capability >= (8, 9)
+    return case.platform in ("rocm", "xpu")  # CDNA3+/RDNA4 GPUs here; every XPU
+
+
+def _support_deep_gemm(case: Case) -> bool:
+    cap = case.capability
+    return case.platform == "cuda" and cap is not None and (cap == (9, 0) or cap[0] in (10, 12))
+
+
+def _probe_answers(case: Case) -> dict[str, bool]:
+    cap = case.capability
+    cutlass = case.platform == "cuda" and cap is not None and 90 <= cap[0] * 10 + cap[1] < 110
+    return {
+        "has_flashinfer_trtllm_fused_moe": case.flashinfer,
+        "has_flashinfer_cutlass_fused_moe": case.flashinfer,
+        "has_deep_gemm": case.deep_gemm,
+        "has_humming": case.humming,
+        "has_hpc": False,
+        "cutlass_group_gemm_supported": cutlass,  # built with CUTLASS group GEMM for SM90-SM10x
+        "cpu_has_amx_fp8": False,
+    }
+
+
 @contextmanager
 def faked_platform(case: Case) -> Iterator[None]:
     """vLLM sees the case's platform, GPU, libraries and environment; all restored on exit.
@@ -262,7 +315,9 @@ def faked_platform(case: Case) -> Iterator[None]:
       every ``is_*`` and ``is_cuda_alike`` agree), ``device_name``, and at class level
       ``get_device_capability`` (the capability helpers are classmethods that call it) and
       ``get_cpu_architecture``; ``torch.cpu._is_amx_tile_supported``.
-    * The FlashInfer probes, in every loaded vllm module that imported them by name.
+    * The FlashInfer, DeepGEMM, Humming and HPC probes, vLLM's CUTLASS group-GEMM check
+      (SM90 to SM10x) and its AMX-FP8 check (no), in every loaded vllm module that imported
+      them by name; the platform class's ``supports_fp8`` and ``support_deep_gemm``.
     * AITER: ``vllm._aiter_ops.IS_AITER_FOUND``; on ROCm a stub ``vllm.platforms.rocm`` module
       (``get_cdna_version``, ``on_rdna4``; the real one needs a GPU to import); then
       ``rocm_aiter_ops.refresh_env_variables()`` once the environment is set.
@@ -278,7 +333,6 @@ def faked_platform(case: Case) -> Iterator[None]:
     capability = DeviceCapability(*case.capability) if case.capability is not None else None
     arch = _CPU_ARCHS[case.cpu_arch]
     amx = case.cpu_amx
-    fi = case.flashinfer
     saved_environ = dict(os.environ)
     saved_aiter = _aiter_class_state()
     envs_cached = envs._is_envs_cache_enabled()
@@ -302,8 +356,20 @@ def faked_platform(case: Case) -> Iterator[None]:
         )
         _set(stack, platform_cls, "get_cpu_architecture", classmethod(lambda cls: arch))
         _set(stack, torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        answers = _probe_answers(case)
         for module, name, _probe in _probe_bindings():
-            _set(stack, module, name, lambda: fi)
+            _set(stack, module, name, (lambda value: lambda *args: value)(answers[name]))
+        # The platform class's own fp8 and DeepGEMM checks, as the case's platform class has
+        # them (platforms/cuda.py, rocm.py, xpu.py; the others inherit False).
+        _set(stack, platform_cls, "supports_fp8", classmethod(lambda cls: _supports_fp8(case)))
+        _set(
+            stack,
+            platform_cls,
+            "support_deep_gemm",
+            classmethod(lambda cls: _support_deep_gemm(case)),
+        )
+        vllm_deep_gemm.is_deep_gemm_supported.cache_clear()  # functools.cache'd
+        stack.callback(vllm_deep_gemm.is_deep_gemm_supported.cache_clear)
 
         _set(stack, _aiter_ops, "IS_AITER_FOUND", case.aiter)
         if case.platform == "rocm":
@@ -334,19 +400,63 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def fp8_keys(case: Case, config: FusedMoEConfig) -> tuple[Any, Any, bool]:
+    """(weight key, activation key, allow_vllm_cutlass) as the case's quantization method
+    passes them to ``select_fp8_moe_backend``. Call it inside ``faked_platform(case)``.
+
+    * HF fp8 (``Fp8MoEMethod.__init__``, quantization/fp8.py:480-528): a block checkpoint
+      keys the TP-adapted block shape with dynamic 128-group activations; per-tensor weights
+      take static activations for ``activation_scheme: static``, else per-token under
+      ``VLLM_BATCH_INVARIANT`` and per-tensor otherwise; CUTLASS is not allowed.
+    * ModelOpt FP8 (``ModelOptFp8MoEMethod``, modelopt.py:501): static per-tensor both.
+    * compressed-tensors (``CompressedTensorsW8A8Fp8MoEMethod``): channel weights with
+      per-token activations, CUTLASS allowed.
+    """
+    spec = QUANTS[str(case.quant)]
+    method = spec["quant_method"]
+    if method == "fp8" and spec.get("weight_block_size"):
+        shape, _ = fp8_oracle.resolve_fp8_moe_weight_block_shape(
+            config, list(spec["weight_block_size"]), qk.kFp8Dynamic128Sym, True
+        )
+        weight = qk.create_fp8_quant_key(static=True, group_shape=qk.GroupShape(*shape))
+        return weight, qk.kFp8Dynamic128Sym, False
+    if method == "fp8":
+        if spec.get("activation_scheme") == "static":
+            return qk.kFp8StaticTensorSym, qk.kFp8StaticTensorSym, False
+        if envs.VLLM_BATCH_INVARIANT:
+            return qk.kFp8StaticTensorSym, qk.kFp8DynamicTokenSym, False
+        return qk.kFp8StaticTensorSym, qk.kFp8DynamicTensorSym, False
+    if method == "modelopt":
+        return qk.kFp8StaticTensorSym, qk.kFp8StaticTensorSym, False
+    assert method == "compressed-tensors", method
+    return qk.kFp8StaticChannelSym, qk.kFp8DynamicTokenSym, True
+
+
+@functools.cache
+def _vllm_config() -> VllmConfig:
+    """A CPU VllmConfig without a model: the fp8 oracle reads the current config's model
+    (its DeepGEMM auto-disable list), which none is on."""
+    return VllmConfig(device_config=DeviceConfig(device="cpu"))
+
+
 def _select(case: Case) -> tuple[Any, type | None, str | None]:
     """(backend enum, experts class, None) or (None, None, error) for the case."""
-    with faked_platform(case):
+    with faked_platform(case), set_current_vllm_config(_vllm_config()):
         try:
             config = moe_config(case)
-            backend, experts = _SELECT(moe_config=config)
+            if case.quant is None:
+                backend, experts = _SELECT(moe_config=config)
+            else:
+                weight, activation, cutlass = fp8_keys(case, config)
+                backend, experts = _SELECT_FP8(config, weight, activation, cutlass)
         except Exception as exc:
             return None, None, _error(exc)
     return backend, experts, None
 
 
 def oracle_outcome(case: Case) -> Outcome:
-    """Run vLLM's own select_unquantized_moe_backend for the case under its fake platform."""
+    """Run vLLM's own selector for the case (select_unquantized_moe_backend, or
+    select_fp8_moe_backend for an fp8 checkpoint) under its fake platform."""
     backend, experts, error = _select(case)
     if error is not None:
         return Outcome(None, None, error)
@@ -623,6 +733,123 @@ def _subgrids() -> Iterator[Case]:
     for model in MODELS:
         for a2a in _REMOVED_ALL2ALL:
             yield _case(model, "cuda10.0+fi", "ep-dp2-allgather_reducescatter", all2all=a2a)
+
+
+# --- the quantized grid ---------------------------------------------------------------------------
+
+#: The quantization_config of real public checkpoints, by scheme.
+QUANTS: dict[str, dict[str, Any]] = {
+    # deepseek-ai/DeepSeek-V3 (configs/models/deepseek-v3.json), Qwen/Qwen3-30B-A3B-FP8
+    "fp8-block": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                  "weight_block_size": [128, 128]},
+    # neuralmagic/Mixtral-8x7B-Instruct-v0.1-FP8: per-tensor weights and activations
+    "fp8-tensor-static": {"activation_scheme": "static", "quant_method": "fp8"},
+    # per-tensor weights, dynamic activations (Fp8Config's default activation scheme)
+    "fp8-tensor-dynamic": {"activation_scheme": "dynamic", "quant_method": "fp8"},
+    # nvidia/Llama-4-Scout-17B-16E-Instruct-FP8, nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8
+    "fp8-modelopt": {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
+    # RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic
+    "fp8-channel-token": {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False,
+                        "symmetric": True},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                  "dynamic": True, "symmetric": True},
+        }},
+    },
+}  # fmt: skip
+#: (model shape, scheme) pairs as public checkpoints ship them.
+QUANTIZED_MODELS = (
+    ("deepseek-v3", "fp8-block"),
+    ("qwen3-30b-a3b", "fp8-block"),
+    ("mixtral-8x7b", "fp8-tensor-static"),
+    ("mixtral-8x7b", "fp8-tensor-dynamic"),
+    ("llama-4-scout", "fp8-modelopt"),
+    ("nemotron-3-nano", "fp8-modelopt"),
+    ("llama-4-scout", "fp8-channel-token"),
+)
+#: ``--moe-backend`` values for the fp8 oracle (batched_triton is one it does not map).
+FP8_BACKENDS = ("triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass",
+                "marlin", "humming", "aiter", "hpc", "batched_triton")  # fmt: skip
+FP8_LAYOUTS: dict[str, dict[str, Any]] = {
+    "tp2": dict(tp=2),
+    "ep-tp2": dict(tp=2, ep=True),
+    "ep-tp2+eplb": dict(tp=2, ep=True, eplb=True),
+    **{
+        f"ep-dp2-{a2a}": dict(dp=2, ep=True, all2all=a2a)
+        for a2a in ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency",
+                    "deepep_v2", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided",
+                    "moonep")
+    },
+    "ep-tp2dp2-allgather_reducescatter+sp": dict(
+        tp=2, dp=2, ep=True, sp=True, all2all="allgather_reducescatter"
+    ),
+}  # fmt: skip
+_FP8_ENVS = (
+    (("VLLM_USE_DEEP_GEMM", "0"),),
+    (("VLLM_MOE_USE_DEEP_GEMM", "0"),),
+    (("VLLM_USE_DEEP_GEMM", "1"), ("VLLM_MOE_USE_DEEP_GEMM", "1")),
+    _AITER_ON,
+    (*_AITER_ON, ("VLLM_ROCM_USE_AITER_MOE", "0")),
+    _BATCH_INVARIANT,
+)
+
+
+def _qcase(model: str, quant: str, platform: str, layout: str = "tp1", **fields: Any) -> Case:
+    """An fp8 case named model/quant/platform/layout[/k=v]."""
+    spec = {**MODELS[model], **PLATFORMS[platform], **{**LAYOUTS, **FP8_LAYOUTS}[layout]}
+    spec.update(quant=quant, **{k: v for k, v in fields.items() if k != "env"})
+    spec["env"] = (*spec.get("env", ()), *fields.get("env", ()))
+    extras = [f"{k}={v}" for k, v in sorted(fields.items()) if k != "env"]
+    extras += [f"{k}={v}" for k, v in fields.get("env", ())]
+    return Case(name="/".join([model, quant, platform, layout, *extras]), **spec)
+
+
+def _fp8_subgrids() -> Iterator[Case]:
+    # humming stays uninstalled: its classes ask the humming package itself which GEMM it
+    # prefers (is_supported_config), which a machine without it cannot answer.
+    kernels = dict(deep_gemm=True)
+    for model, quant in QUANTIZED_MODELS:
+        # Every platform, with and without LoRA; the kernel packages on CUDA.
+        for platform in PLATFORMS:
+            for lora in (False, True):
+                yield _qcase(model, quant, platform, lora=lora)
+        for platform in ("cuda8.0", "cuda9.0+fi", "cuda10.0+fi", "cuda11.0", "cuda12.0+fi"):
+            yield _qcase(model, quant, platform, deep_gemm=True)
+        # Parallel layouts.
+        for layout in FP8_LAYOUTS:
+            yield _qcase(model, quant, "cuda9.0+fi", layout, **kernels)
+            yield _qcase(model, quant, "cuda10.0+fi", layout, deep_gemm=True)
+            yield _qcase(model, quant, "rocm+aiter+env", layout)
+            yield _qcase(model, quant, "xpu", layout)
+        # Explicit --moe-backend, also under LoRA and the batched format.
+        for backend in FP8_BACKENDS:
+            yield _qcase(model, quant, "cuda9.0+fi", moe_backend=backend, **kernels)
+            yield _qcase(model, quant, "cuda10.0+fi", moe_backend=backend)
+            yield _qcase(model, quant, "rocm+aiter+env", moe_backend=backend)
+            yield _qcase(model, quant, "cuda9.0+fi", moe_backend=backend, lora=True)
+            yield _qcase(
+                model, quant, "cuda9.0+fi", "ep-dp2-deepep_low_latency", moe_backend=backend,
+                deep_gemm=True,
+            )  # fmt: skip
+        # vLLM's DeepGEMM and AITER switches, and batch invariance.
+        for env in _FP8_ENVS:
+            yield _qcase(model, quant, "cuda9.0+fi", env=env, deep_gemm=True)
+            yield _qcase(model, quant, "rocm+aiter", env=env)
+
+
+def fp8_grid() -> list[Case]:
+    """The fp8 oracle's grid: real fp8 checkpoints' schemes over platforms, layouts, LoRA,
+    explicit backends, kernel packages and vLLM's switches (first occurrence kept)."""
+    seen: dict[Case, Case] = {}
+    for case in _fp8_subgrids():
+        seen.setdefault(replace(case, name=""), case)
+    cases = list(seen.values())
+    assert len({c.name for c in cases}) == len(cases), "grid case names must be unique"
+    return cases
 
 
 def grid() -> list[Case]:

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import entry_points
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +23,7 @@ import vllm.plugins
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
 from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
+from vllm.model_executor.layers.quantization import fp8 as fp8_method
 
 from moe_policy import BackendOverrideError, BackendOverrideWarning, PolicyError
 from moe_policy.core.state import STATE
@@ -29,6 +31,7 @@ from moe_policy.integrations.vllm import plugin, selection
 from tests.integrations.vllm.harness import MODELS, Case, faked_platform, moe_config
 
 VLLM_SELECT = oracle.select_unquantized_moe_backend
+VLLM_SELECT_FP8 = fp8_method.select_fp8_moe_backend
 ENTRY = "moe_policy.integrations.vllm.plugin:register"
 #: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
 NEMOTRON_LORA = Case(
@@ -66,7 +69,14 @@ def clean(monkeypatch) -> Iterator[None]:
     yield
     method.select_unquantized_moe_backend = VLLM_SELECT
     oracle.select_unquantized_moe_backend = VLLM_SELECT
+    for module in _fp8_callers():
+        module.select_fp8_moe_backend = VLLM_SELECT_FP8
     STATE.selectors.clear()
+
+
+def _fp8_callers() -> list[object]:
+    """The loaded modules that bind vLLM's fp8 selector by name."""
+    return [sys.modules[name] for name in plugin.FP8_CALLERS if name in sys.modules]
 
 
 def load_plugins(monkeypatch, selected: str | None = "moe_policy") -> None:
@@ -226,3 +236,58 @@ def test_the_cost_benchmark_runs_and_writes_its_figures(tmp_path):
     result = json.loads(out.read_text())
     assert result["layers"] == 4 and result["loads"] == 2
     assert result["plugin_ms_median"] > 0 and result["vllm_ms_median"] > 0
+
+
+#: DeepSeek-V3's routed experts with its fp8 128x128 blocks, on an H200.
+DEEPSEEK_FP8 = Case(name="deepseek-v3/fp8/h200", quant="fp8-block", **MODELS["deepseek-v3"])
+
+
+def build_fp8_method(case: Case, env: dict[str, str]) -> tuple[object, list]:
+    """vLLM's own Fp8MoEMethod for the case's layer (a block-fp8 checkpoint's config)."""
+    config = fp8_method.Fp8Config(
+        is_checkpoint_fp8_serialized=True, activation_scheme="dynamic", weight_block_size=[128, 128]
+    )
+    with layer_build(case, env), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = fp8_method.Fp8MoEMethod(config, SimpleNamespace(moe_config=moe_config(case)))
+    return built, caught
+
+
+def test_the_fp8_selector_is_installed_where_vllm_calls_it(monkeypatch):
+    load_plugins(monkeypatch)
+    callers = _fp8_callers()
+    assert fp8_method in callers and len(callers) >= 3
+    installed = fp8_method.select_fp8_moe_backend
+    assert getattr(installed, plugin.MARK) is True
+    assert all(module.select_fp8_moe_backend is installed for module in callers)
+
+
+def test_an_fp8_layer_is_decided_warned_and_audited(monkeypatch, tmp_path):
+    load_plugins(monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    env = {"MOE_POLICY_BACKEND": "flashinfer_trtllm", "MOE_POLICY_AUDIT_LOG": str(audit)}
+    built, caught = build_fp8_method(DEEPSEEK_FP8, env)
+    # TRT-LLM runs on the SM100 family only: the policy's SM90 block-fp8 choice runs instead.
+    assert built.fp8_backend.name == "TRITON"
+    assert built.experts_cls.__name__ == "TritonExperts"
+    [warning] = [w.message for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    assert warning.override.reason_code.value == "device_capability_unsupported"
+    [line] = audit.read_text().splitlines()
+    context = json.loads(line)["context"]
+    assert context["model.quantization"] == {"value": "fp8", "origin": "vllm:weight_key"}
+    assert context["model.quant.block"]["value"] == "128x128"
+    assert context["model.quant.activation"]["value"] == "dynamic_group"
+
+
+def test_an_fp8_layer_in_strict_mode_refuses_like_vllm(monkeypatch):
+    load_plugins(monkeypatch)
+    env = {"MOE_POLICY_BACKEND": "flashinfer_trtllm", "MOE_POLICY_MODE": "strict"}
+    with pytest.raises(BackendOverrideError, match="flashinfer_trtllm"):
+        build_fp8_method(DEEPSEEK_FP8, env)
+
+
+def test_without_the_plugin_vllm_decides_fp8_itself(monkeypatch):
+    load_plugins(monkeypatch, selected="some_other_plugin")
+    assert fp8_method.select_fp8_moe_backend is VLLM_SELECT_FP8
+    built, _ = build_fp8_method(DEEPSEEK_FP8, {"MOE_POLICY_BACKEND": "flashinfer_trtllm"})
+    assert built.fp8_backend.name == "TRITON"  # vLLM's own SM90 block-fp8 choice
