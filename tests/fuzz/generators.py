@@ -674,6 +674,8 @@ def model_case(rng: random.Random) -> Case:
         tree = mutate_model(rng, json.loads(model_corpus()[index]))
         data = dump_json(tree)
         note = f"tree of {MODEL_FILES[index]}"
+        if rng.random() < 0.15:  # a config.yaml is read too
+            name, data, note = "config.yaml", dump_yaml(tree), f"{note} (YAML)"
     if rng.random() < 0.15:  # as a Hugging Face model directory
         name = f"model/{name}"
         model = "model"
@@ -730,6 +732,8 @@ ENV_VALUES = (
     "{dir}",
     "{dir}/missing/dir/audit.jsonl",
     "{dir}/policy.yaml",
+    "{dir}/hostile.yaml",
+    "{dir}/hostile.yaml:{dir}/policy.yaml",
     "{dir}/fifo",
     "/dev/null",
     "/dev/zero",
@@ -749,7 +753,11 @@ ENV_VALUES = (
 def env_case(rng: random.Random) -> Case:
     """One to three of the variables the settings read (or near misses), odd values."""
     env = {rng.choice(ENV_NAMES): rng.choice(ENV_VALUES) for _ in range(rng.randint(1, 3))}
-    files = {"policy.yaml": policy_corpus()[rng.randrange(len(POLICY_FILES))]}
+    hostile = CRAFTED_POLICIES[rng.choice(sorted(CRAFTED_POLICIES.keys() - EXPLAIN_ONLY))]
+    files = {
+        "policy.yaml": policy_corpus()[rng.randrange(len(POLICY_FILES))],
+        "hostile.yaml": hostile,
+    }
     specials = {"fifo": "fifo"}
     argv = _explain(rng) if rng.random() < 0.9 else ("lint", "policy.yaml")
     return Case("env", argv, env, files, specials, note="environment")

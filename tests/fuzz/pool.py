@@ -214,6 +214,7 @@ def run_console_script(case: Case, timeout: float = 30.0, memory_mb: int = 1024)
     try:
         materialize(case, root)
         env = clean_environment()
+        env["PYTHONPATH"] = str(REPO)  # this checkout's package, whatever the venv installed
         env.update({k: v.replace("{dir}", str(root)) for k, v in case.env.items()})
         argv = [arg.replace("{dir}", str(root)) for arg in case.argv]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
