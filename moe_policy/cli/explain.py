@@ -115,6 +115,16 @@ FLAG_KEYS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 
 
+EXAMPLES = """examples:
+  moe-policy explain --model qwen3-30b-a3b --platform cuda --capability 9.0 --lora
+  moe-policy explain --model /models/Qwen3-30B-A3B --tp 2 --ep --profile strict
+  moe-policy explain --model config.json --set parallel.tp=2 --json > decision.json
+  MOE_POLICY_BACKEND=flashinfer_cutlass moe-policy explain --model qwen3-30b-a3b -q
+
+exit codes: 0 decided, 2 bad input, 3 refused in strict mode, 4 no feasible backend
+(moe-policy --help lists the environment variables)"""
+
+
 def _dest(flag: str) -> str:
     return flag[2:].replace("-", "_")
 
@@ -124,8 +134,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "explain",
         help="decide the backend of one MoE layer and explain why",
-        description="Decide the MoE backend like a real selection and show the settings "
+        description="Decide the MoE backend like a real selection and show the settings\n"
         "ladder, the context, every candidate, the rules and what strict mode would do.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--model",

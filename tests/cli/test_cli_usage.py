@@ -82,6 +82,7 @@ def test_explain_help_shows_the_output_options():
     text = run_cli("explain", "--help").stdout
     for option in ("-q, --quiet", "-v, --verbose", "--color"):
         assert option in text, option
+    assert "examples:\n  moe-policy explain --model" in text and "4 no feasible backend" in text
 
 
 @pytest.mark.parametrize(
