@@ -56,8 +56,8 @@ step "$reqs (--no-deps)"
 step "moe-policy (--no-deps -e .), its runtime dependencies, pytest"
 # Built with the setuptools pinned in $reqs (pyproject: setuptools>=77), so no isolated build env.
 "${pip[@]}" --no-deps --no-build-isolation -e .
-# pyproject.toml [project].dependencies, plus omegaconf's antlr4 runtime; -c keeps PyYAML pinned.
-"${pip[@]}" -c "$reqs" 'omegaconf>=2.3,<2.5' 'antlr4-python3-runtime==4.9.*' 'PyYAML>=6.0' \
+# pyproject.toml [project].dependencies; -c keeps PyYAML pinned.
+"${pip[@]}" -c "$reqs" 'PyYAML>=6.0' \
   'structlog>=24.1' 'tabulate>=0.9' 'pytest>=8'
 
 step "checks"
