@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
 
 from tests.fuzz.contract import violations
 from tests.fuzz.pool import Case, Outcome, Worker
 
+#: A case is drawn from ``random.Random(seed)`` by the generators the long run uses, so a
+#: failing seed reproduces there (``GENERATORS[family](random.Random(seed))``).
+SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
 #: Hypothesis settings of the CI-sized fuzz tests: the same examples on every run
 #: (derandomized, no example database), no deadline (a case runs in a worker process),
 #: and no shrinking: the failure message already carries the whole case.
