@@ -39,6 +39,7 @@ DEFAULTS: Mapping[str, Any] = {
     "device.name": None,
     "cpu.arch": None,
     "cpu.amx": False,
+    "rocm.gfx": None,
     "cpu.amx_fp8": False,
 }
 DRY_RUN_KEYS = ("platform", "device.capability", "device.name")
