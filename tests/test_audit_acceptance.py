@@ -213,3 +213,46 @@ def test_rotation_and_deletion_mid_run_lose_no_record_reported_written(tmp_path)
     for role, result in results.items():
         assert result["raised"] == [] and result["failed"] == []
         assert layers_of(records, role) == Counter(range(500)), f"{role} lost or repeated records"
+
+
+FORKED = """
+import json, os, sys
+from moe_policy.reporting.audit import AuditSink
+sink = AuditSink(sys.argv[1])
+assert sink.write({"_writer": "parent", "n": -1}) is None  # the file is open before the fork
+children = []
+for w in range(3):
+    pid = os.fork()
+    if pid == 0:
+        errors = sum(
+            sink.write({"_writer": f"child-{w}", "n": n, "pad": "x" * 1_000_000}) is not None
+            for n in range(30)
+        )
+        os._exit(errors)
+    children.append(pid)
+errors = sum(
+    sink.write({"_writer": "parent", "n": n, "pad": "x" * 1_000_000}) is not None
+    for n in range(30)
+)
+print(errors + sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children))
+"""
+
+
+@pytest.mark.slow
+def test_forked_writers_of_one_sink_take_turns(tmp_path):
+    """A sink opened before ``fork`` is shared by parent and children: each must write
+    through its own descriptor, or the writers' lock does not separate them (an inherited
+    descriptor shares its lock) and records are cut by blank lines (40 of 161 before)."""
+    path = tmp_path / "audit.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED, str(path)], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr
+    records, fragments = parse(path.read_bytes())
+    assert fragments == []
+    assert Counter(r["_writer"] for r in records) == {
+        "parent": 31,
+        "child-0": 30,
+        "child-1": 30,
+        "child-2": 30,
+    }

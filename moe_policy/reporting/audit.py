@@ -15,6 +15,7 @@ import json
 import os
 import stat
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,8 +91,11 @@ class AuditSink:
         self.required = required
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
+        #: The process that opened ``_fd``: a forked child opens its own (see _descriptor).
+        self._owner = os.getpid()
         self._lock = threading.Lock()
         self.written = 0
+        _SINKS.add(self)
 
     def __repr__(self) -> str:
         return f"AuditSink({self.path!r}, required={self.required})"
@@ -140,12 +144,24 @@ class AuditSink:
         raise OSError(errno.EAGAIN, f"the file was replaced {_REOPENS} times while being opened")
 
     def _descriptor(self) -> int:
-        """The open descriptor, reopened when the path now names another file (rotation)."""
+        """The open descriptor, reopened when the path now names another file (rotation)
+        and in a forked child: a descriptor inherited across ``fork`` shares its lock with
+        the parent, so parent and child would not take turns."""
+        if self._fd is not None and self._owner != os.getpid():
+            self._forget_inherited()
         if self._fd is not None and self._rotated():
             self.close_locked()
         if self._fd is None:
             self._fd, self._identity = _open_audit_file(self.path)
+            self._owner = os.getpid()
         return self._fd
+
+    def _forget_inherited(self) -> None:
+        """In a forked child: close the parent's descriptor copy and start a new lock (one
+        held by another thread at the fork would never be released here)."""
+        self._lock = threading.Lock()
+        self.close_locked()
+        self._owner = os.getpid()
 
     def _rotated(self) -> bool:
         try:
@@ -170,6 +186,19 @@ class AuditSink:
     def close(self) -> None:
         with self._lock:
             self.close_locked()
+
+
+#: Every live sink, so a forked child can give each its own lock and descriptor.
+_SINKS: weakref.WeakSet[AuditSink] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for sink in list(_SINKS):
+        sink._forget_inherited()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _open_audit_file(path: str) -> tuple[int, tuple[int, int]]:
