@@ -39,7 +39,6 @@ DEFAULTS: Mapping[str, Any] = {
     "device.name": None,
     "cpu.arch": None,
     "cpu.amx": False,
-    "rocm.gfx": None,
     "cpu.amx_fp8": False,
 }
 DRY_RUN_KEYS = ("platform", "device.capability", "device.name")
@@ -142,6 +141,15 @@ def _check_against_experts(
             _blame(origins, ("model.top_k", "model.num_experts")),
             key="model.top_k",
         )
+    activation, gated = values.get("model.activation"), values.get("model.gated")
+    for name, needs in (("relu2", False), ("swigluoai", True)):
+        if activation == name and gated is not None and gated != needs:
+            raise PolicyError(
+                f"model.activation {name} is {'gated' if needs else 'non-gated'}; "
+                f"model.gated {str(gated).lower()} contradicts it",
+                _blame(origins, ("model.gated", "model.activation")),
+                key="model.gated",
+            )
     if ep_size > experts:
         raise PolicyError(
             f"an expert-parallel group of {ep_size} ranks (parallel.ep_size) exceeds "

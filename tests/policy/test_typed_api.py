@@ -35,6 +35,11 @@ H200 = {"platform": "cuda", "capability": "9.0", "device_name": "NVIDIA H200"}
         ),
         ({"overrides": {"layer.index": -5}}, r"^api: layer.index must be at least 0, got -5"),
         ({"overrides": {"parallel.tp": None}}, r"^api: parallel.tp: no value given"),
+        ({"overrides": {"model.gated": True}}, r"^api: model.activation relu2 is non-gated"),
+        (
+            {"overrides": {"model.activation": "swigluoai"}},
+            r"^api: model.activation swigluoai is gated; model.gated false contradicts it",
+        ),
         ({"audit_log": ""}, r"^api: audit.path: an empty value is not a path"),
     ],
 )
