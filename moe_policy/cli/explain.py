@@ -134,7 +134,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "explain",
         help="decide the backend of one MoE layer and explain why",
-        description="Decide the MoE backend like a real selection and show the settings "
+        description="Decide the MoE backend like a real selection and show the settings\n"
         "ladder, the context, every candidate, the rules and what strict mode would do.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

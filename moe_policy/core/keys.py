@@ -77,6 +77,8 @@ FORMATS = ("standard", "batched")
 #: Engines a decision can target; each has a profile (catalog, built-in policy, derivations).
 ENGINES = ("moe_policy", "vllm")
 CPU_ARCHS = ("x86", "arm", "power", "other")
+#: The ROCm GPU families vLLM's experts classes tell apart, most specific first.
+ROCM_GFX = ("gfx942", "gfx950", "gfx1250", "gfx9", "gfx1x", "other")
 LAYER_KINDS = ("moe", "draft", "mtp", "shared")
 
 
@@ -164,6 +166,9 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
             "bool", "batch-invariant kernels required (VLLM_BATCH_INVARIANT)"
         ),
         "rocm.aiter": KeySpec("bool", "AITER MoE switched on (VLLM_ROCM_USE_AITER semantics)"),
+        "rocm.gfx": KeySpec(
+            "str", "ROCm GPU family vLLM's kernels ask for (gfx942, gfx950, ...)", ROCM_GFX
+        ),
         "cpu.arch": KeySpec("str", "CPU architecture of a CPU target", CPU_ARCHS),
         "cpu.amx": KeySpec("bool", "the CPU has AMX tiles (x86 bf16 experts)"),
         "cpu.amx_fp8": KeySpec("bool", "the CPU has AMX-FP8 tiles (x86 fp8 W8A8 experts)"),
