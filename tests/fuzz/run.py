@@ -105,6 +105,14 @@ def report(outcomes: list[Outcome], seconds: float) -> int:
     )
     print(f"slowest case: {slowest.seconds:.2f} s ({slowest.case.kind}: {slowest.case.note})")
     print(f"descriptors left open after a case: {sum(o.fd_leak > 0 for o in outcomes)} cases")
+    bombs = [o for o in outcomes if "bomb" in o.case.note or "laughs" in o.case.note]
+    if bombs:
+        worst = max(bombs, key=lambda o: o.seconds)
+        print(
+            f"alias bombs: {len(bombs)} cases, exit codes {sorted({o.rc for o in bombs}, key=str)}, "
+            f"slowest {worst.seconds * 1000:.0f} ms in process ({worst.case.note}, "
+            f"{sum(len(d) for d in worst.case.files.values())} bytes)"
+        )
     print(f"file errors without line:col: {sum(no_position.values())}")
     for message, n in no_position.most_common(8):
         print(f"  {n:5} x {message}")
