@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fuzz.generators import CONFIGS, CRAFTED_MODELS, CRAFTED_POLICIES
+from tests.fuzz.crafted import CRAFTED_MODELS, CRAFTED_POLICIES
+from tests.fuzz.generators import CONFIGS
 from tests.fuzz.keep import assert_kept
 from tests.fuzz.pool import Case, run_console_script
 
