@@ -17,6 +17,7 @@ from pathlib import Path
 from moe_policy.core import paths
 from moe_policy.core.keys import ENGINES
 from moe_policy.core.origin import Origin
+from moe_policy.core.values import is_decimal
 from moe_policy.errors import PolicyError, did_you_mean
 
 
@@ -110,7 +111,7 @@ assert set(PROFILES) == set(ENGINES)
 
 def _major_minor(version: str) -> str | None:
     parts = version.strip().lstrip("v").split(".")
-    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+    if len(parts) < 2 or not all(is_decimal(p) for p in parts[:2]):
         return None
     return f"{int(parts[0])}.{int(parts[1])}"
 

@@ -72,6 +72,16 @@ def bool_from_text(text: str) -> bool:
     raise ValueError(f"expected true, false, 1 or 0, got {text!r}")
 
 
+def is_decimal(text: str) -> bool:
+    """``text`` is ASCII decimal digits only (``str.isdigit`` also takes ``²`` and ``٣``,
+    which ``int()`` then refuses or reads as another number).
+
+    >>> is_decimal("12"), is_decimal("１２"), is_decimal("²")
+    (True, False, False)
+    """
+    return text.isascii() and text.isdigit()
+
+
 def _in_range(number: int, minimum: int | None, maximum: int | None) -> int:
     if minimum is not None and number < minimum:
         raise ValueError(f"must be at least {minimum}, got {number}")

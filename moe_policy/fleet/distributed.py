@@ -46,6 +46,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from moe_policy.core.decision import Decision
+from moe_policy.core.values import is_decimal
 from moe_policy.errors import MoEPolicyError, PolicyError
 from moe_policy.fleet.agreement import (
     MODES,
@@ -180,7 +181,7 @@ def nccl_device(dist: Any, torch: Any, group: Any) -> int:
         return int(bound.index)
     current = int(torch.cuda.current_device())
     local = os.environ.get("LOCAL_RANK", "")
-    if current == 0 and local.isdigit():
+    if current == 0 and is_decimal(local):
         return int(local) % max(1, int(torch.cuda.device_count()))
     return current
 

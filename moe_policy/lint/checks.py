@@ -37,6 +37,7 @@ from moe_policy.core.keys import PLATFORMS, parse_capability
 from moe_policy.core.origin import Origin
 from moe_policy.core.problems import ProblemSink
 from moe_policy.core.rules import Condition, Rule
+from moe_policy.core.values import is_decimal
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError
 from moe_policy.lint.overlap import satisfiable, values_allowed
@@ -61,7 +62,7 @@ class Finding:
     def sort_key(self) -> tuple[str, int, int, str]:
         path, line, col = self.location, 0, 0
         parts = self.location.rsplit(":", 2)
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        if len(parts) == 3 and is_decimal(parts[1]) and is_decimal(parts[2]):
             path, line, col = parts[0], int(parts[1]), int(parts[2])
         return path, line, col, self.code
 

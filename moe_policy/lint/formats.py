@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote
 
+from moe_policy.core.values import is_decimal
+
 if TYPE_CHECKING:
     from moe_policy.lint.checks import Finding
 
@@ -39,10 +41,10 @@ def position(finding: Finding) -> Position:
     """``configs/p.yaml:3:1`` -> (``configs/p.yaml``, 3, 1); a bare path has no line or column."""
     location = finding.location
     parts = location.rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+    if len(parts) == 3 and is_decimal(parts[1]) and is_decimal(parts[2]):
         return Position(parts[0], int(parts[1]), int(parts[2]))
     head, _, tail = location.rpartition(":")
-    if head and tail.isdigit():
+    if head and is_decimal(tail):
         return Position(head, int(tail), None)
     return Position(location, None, None)
 

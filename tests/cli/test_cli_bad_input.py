@@ -385,3 +385,21 @@ def test_an_empty_audit_path_in_a_policy_file_is_an_error(tmp_path):
     assert lint.returncode == 1
     [finding] = lint.json()["findings"]
     assert finding["location"] == f"{policy}:3:9" and "an empty value" in finding["message"]
+
+
+@pytest.mark.parametrize("version", ["0.３３", "².33", "0.33²"])
+def test_an_engine_version_is_ascii_digits(version):
+    """`str.isdigit` takes full-width and superscript digits; the engine version does not."""
+    run = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--engine", f"vllm=={version}")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    [error] = run.errors()
+    assert "cli:--engine" in error and "is not MAJOR.MINOR" in error
+
+
+@pytest.mark.parametrize("form", ["text", "json", "lines", "github", "sarif"])
+def test_lint_reports_a_path_with_digit_like_characters(tmp_path, form):
+    """A path whose parts look like line:col to str.isdigit (`x:²:³`) is reported, not a traceback."""
+    path = str(tmp_path / "x:²:³")
+    run = run_cli("lint", "--format", form, path)
+    assert run.returncode == 1, run.stderr
+    assert "Traceback" not in run.stderr and "file-not-found" in run.stdout
