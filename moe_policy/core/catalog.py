@@ -21,6 +21,7 @@ from moe_policy.core.keys import ACTIVATIONS, ALL2ALL_KINDS, DTYPES, PLATFORMS, 
 from moe_policy.core.problems import ProblemSink
 from moe_policy.core.rules import Condition, parse_conditions
 from moe_policy.core.state import STATE
+from moe_policy.core.values import parse_bool
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError, did_you_mean
 
@@ -220,6 +221,14 @@ def _strs(
     return tuple(value)
 
 
+def _flag(mapping: Mapping[str, Any], key: str, default: bool, where: str, field: str) -> bool:
+    """A boolean field (``true``/``false``; ``"false"`` is not true)."""
+    try:
+        return parse_bool(mapping.get(key, default))
+    except ValueError as exc:
+        raise PolicyError(f"{field}: {exc}", where) from None
+
+
 def parse_catalog(loaded: LoadedYaml) -> Catalog:
     """Validate a loaded catalog document; every problem names its file:line:col."""
     data = loaded.data
@@ -276,18 +285,18 @@ def parse_catalog(loaded: LoadedYaml) -> Catalog:
             all2all_exclude=_strs(
                 par.get("all2all_exclude"), where, "parallel.all2all_exclude", ALL2ALL_KINDS
             ),
-            eplb=bool(par.get("eplb", True)),
+            eplb=_flag(par, "eplb", True, where, "parallel.eplb"),
             lora=lora_supported,
             lora_conditions=lora_conditions,
             lora_experts_class=lora.get("experts_class"),
-            batch_invariant=bool(raw.get("batch_invariant", False)),
+            batch_invariant=_flag(raw, "batch_invariant", False, where, "batch_invariant"),
             max_experts=raw.get("max_experts"),
             intermediate_multiple=raw.get("intermediate_multiple"),
             hidden_multiple=raw.get("hidden_multiple"),
-            bias=bool(raw.get("bias", True)),
+            bias=_flag(raw, "bias", True, where, "bias"),
             lora_rank_multiple=lora.get("rank_multiple"),
             packages=_strs(raw.get("packages"), where, "packages"),
-            delegated=bool(raw.get("delegated", False)),
+            delegated=_flag(raw, "delegated", False, where, "delegated"),
             origin=where,
             requires=_requirements(loaded, raw.get("requires"), (*path, "requires")),
             classes=_classes(loaded, raw.get("classes"), (*path, "classes")),

@@ -82,3 +82,19 @@ def test_registry_drift_is_named():
     assert check_registry(catalog) == [
         "triton: module 'moe_policy.experts.nope' of 'moe_policy.experts.nope:TritonExperts' not found"
     ]
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("bias: 'false'", r"bias: expected a boolean"),
+        ("delegated: 1", r"delegated: expected a boolean"),
+        ("batch_invariant: yes please", r"batch_invariant: expected a boolean"),
+        ("parallel: {eplb: 'no'}", r"parallel.eplb: expected a boolean"),
+    ],
+)
+def test_catalog_flags_are_booleans(field, message):
+    """A catalog flag is true or false; the string 'false' is not read as true."""
+    text = f"backends:\n  triton:\n    platforms: [cuda]\n    {field}\n"
+    with pytest.raises(PolicyError, match=rf"^file:x.yaml:2:3: {message}"):
+        parse_catalog(parse_yaml_text(text, "x.yaml"))
