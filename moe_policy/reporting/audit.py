@@ -21,6 +21,7 @@ from typing import Any
 
 from moe_policy.core.decision import Decision
 from moe_policy.core.state import STATE
+from moe_policy.core.values import int_from_text
 from moe_policy.errors import MoEPolicyError
 
 #: How often one write reopens a path that was rotated under it before giving up.
@@ -42,9 +43,9 @@ def rank_info(environ: Mapping[str, str] | None = None) -> tuple[int | None, int
     except Exception:  # a half-initialised process group: fall back to the env
         pass
     env = os.environ if environ is None else environ
-    try:
-        rank = int(env["RANK"]) if "RANK" in env else None
-        world = int(env["WORLD_SIZE"]) if "WORLD_SIZE" in env else None
+    try:  # ASCII decimal digits only: int() also reads "３", " 3" and "1_0"
+        rank = int_from_text(env["RANK"], minimum=0) if "RANK" in env else None
+        world = int_from_text(env["WORLD_SIZE"], minimum=1) if "WORLD_SIZE" in env else None
     except ValueError:
         return None, None
     return rank, world

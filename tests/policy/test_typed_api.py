@@ -128,3 +128,21 @@ def test_every_bundled_model_config_still_loads():
     for name, path in names.items():
         json.loads(Path(path).read_text())
         assert load_model(path).value("model.num_experts") >= 1, name
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"RANK": "3", "WORLD_SIZE": "8"}, (3, 8)),
+        ({"RANK": "３", "WORLD_SIZE": "8"}, (None, None)),
+        ({"RANK": " 3", "WORLD_SIZE": "8"}, (None, None)),
+        ({"RANK": "1_0", "WORLD_SIZE": "16"}, (None, None)),
+        ({"RANK": "-1", "WORLD_SIZE": "8"}, (None, None)),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, (None, None)),
+    ],
+)
+def test_the_audit_reads_rank_and_world_size_as_ascii_integers(environ, expected):
+    """An audit line's rank comes from RANK/WORLD_SIZE only when they are plain integers."""
+    from moe_policy.reporting.audit import rank_info
+
+    assert rank_info(environ) == expected
