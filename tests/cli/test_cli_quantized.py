@@ -92,3 +92,35 @@ def test_lint_checks_the_fp8_policy_against_its_catalog():
     assert run.returncode == 0, run.stdout + run.stderr
     wrong = run_cli("lint", "--engine", "vllm", FP8_POLICY)
     assert wrong.returncode != 0  # deep_gemm, marlin, ... are not unquantized backends
+
+
+GPT_OSS_REL = "configs/models/gpt-oss-120b.json"
+
+
+@pytest.mark.parametrize(
+    ("args", "backend", "experts_class"),
+    [
+        # B200: TRT-LLM's mxfp4 x bf16 kernel, monolithic without all2all kernels.
+        (("--capability", "10.0"), "flashinfer_trtllm", "TrtLlmMxfp4ExpertsMonolithic"),
+        # H200: triton_kernels (the dry run assumes its package), modular under EP with DP.
+        (("--capability", "9.0"), "triton", "OAITritonMxfp4ExpertsMonolithic"),
+        (("--capability", "9.0", "--dp", "2", "--ep", "--all2all", "deepep_high_throughput"),
+         "triton", "OAITritonExperts"),
+        # LoRA: of the mxfp4 kernels only Marlin (and the emulation) apply adapters.
+        (("--capability", "9.0", "--lora"), "marlin", "MarlinExperts"),
+        # RTX 50xx (SM120): vLLM puts Triton after Marlin.
+        (("--capability", "12.0"), "marlin", "MarlinExperts"),
+    ],
+)  # fmt: skip
+def test_gpt_oss_mxfp4(args, backend, experts_class):
+    record = explain("--model", GPT_OSS_REL, "--platform", "cuda", *args)
+    assert (record["backend"], record["experts_class"]) == (backend, experts_class)
+    context = record["context"]
+    assert context["model.quantization"]["value"] == "mxfp4"
+    assert context["model.quant.group_size"]["value"] == 32
+    assert context["model.quantization"]["origin"].startswith(f"file:{GPT_OSS_REL}:")
+
+
+def test_lint_checks_the_mxfp4_policy_against_its_catalog():
+    run = run_cli("lint", "--engine", "vllm/mxfp4", "configs/engines/vllm-0.33/mxfp4-default.yaml")
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -1,8 +1,9 @@
 """Request: honour an explicit backend request when it survived the earlier passes.
 
 ``triton`` under the batched format becomes ``batched_triton`` (an adaptation,
-recorded). A request for an eliminated backend becomes an override carrying that
-backend's reason code, the pass that eliminated it, and the request's origin.
+recorded) where the catalog has it. A request for an eliminated backend becomes an
+override carrying that backend's reason code, the pass that eliminated it, and the
+request's origin.
 Version-added: 0.1.0.
 """
 
@@ -32,7 +33,11 @@ class RequestPass:
             return candidates, ()
         trace: list[TraceEntry] = []
         wanted = request.backend
-        if ctx.format == "batched" and wanted in BATCHED_COUNTERPART:
+        if (
+            ctx.format == "batched"
+            and wanted in BATCHED_COUNTERPART
+            and BATCHED_COUNTERPART[wanted] in inputs.catalog
+        ):
             adapted = BATCHED_COUNTERPART[wanted]
             trace.append(
                 Adaptation(

@@ -188,6 +188,7 @@ def platform_entries(platform: Any) -> tuple[PlatformFacts, list[Entry]]:
                 vllm_origin("rocm_aiter_ops.is_fused_moe_enabled"),
             )
         )
+        entries.append(Entry("rocm.gfx", rocm_gfx(), vllm_origin("vllm.platforms.rocm")))
     if name == "cpu":
         entries += _cpu_entries(platform)
     return facts, entries
@@ -199,7 +200,8 @@ def _optional_packages() -> list[str]:
 
     found = ["flashinfer"] if _flashinfer_moe_available() else []
     probes = {"deep_gemm": deep_gemm.has_deep_gemm, "humming": import_utils.has_humming,
-              "hpc": hpc.has_hpc}  # fmt: skip
+              "hpc": hpc.has_hpc, "triton_kernels": import_utils.has_triton_kernels,
+              "quark": import_utils.has_quark}  # fmt: skip
     return found + [name for name, probe in probes.items() if probe()]
 
 
@@ -255,6 +257,8 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
         scheme, scale = "fp8", "channel"
     elif weight_key == q.kMxfp8Static:
         scheme, scale, group = "mxfp8", "group", 32
+    elif weight_key == q.kMxfp4Static:
+        scheme, scale, group = "mxfp4", "group", 32
     elif (
         weight_key is not None
         and weight_key.dtype == q.FP8_DTYPE
@@ -370,3 +374,61 @@ def fp8_packages(environ: Mapping[str, str], packages: tuple[str, ...]) -> tuple
     if deep_gemm is not None and not deep_gemm[0]:
         return tuple(p for p in packages if p != "deep_gemm")
     return packages
+
+
+#: ``--moe-backend`` values of vLLM's mxfp4 oracle (map_mxfp4_backend) whose bf16-activation
+#: variant the profile describes; the others name variants it does not.
+MXFP4_REQUESTABLE: Mapping[str, str] = {
+    "flashinfer_trtllm": "flashinfer_trtllm",
+    "flashinfer_cutlass": "flashinfer_cutlass",
+    "triton": "triton",
+    "marlin": "marlin",
+    "humming": "humming",
+    "aiter": "aiter",
+    "aiter_triton_mxfp4_bf16": "aiter_triton",
+    "xpu": "xpu",
+    "cpu": "cpu",
+    "emulation": "emulation",
+}
+MXFP4_NOT_DESCRIBED = ("b12x", "deep_gemm", "flashinfer_trtllm_afp8", "flashinfer_cutlass_afp8",
+                       "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm",
+                       "triton_unfused", "aiter_mxfp4_fp8", "aiter_triton_mxfp4_mxfp4",
+                       "aiter_mxfp4_mxfp4")  # fmt: skip
+
+
+def mxfp4_request_entry(value: str, *, batched: bool) -> Entry | None:
+    """``--moe-backend`` as the mxfp4 oracle's request (None: auto); the batched format
+    swaps Marlin for its batched class, as vLLM does."""
+    value = str(value or "auto")
+    if value == "auto":
+        return None
+    origin = vllm_origin("--moe-backend")
+    if value in MXFP4_NOT_DESCRIBED:
+        raise PolicyError(
+            f"moe_backend={value!r} names an mxfp4 variant with quantized activations, which "
+            "the vLLM profile does not describe (described: "
+            f"{', '.join(MXFP4_REQUESTABLE)})",
+            origin,
+            key="backend",
+        )
+    if value not in MXFP4_REQUESTABLE:
+        known = (*MXFP4_REQUESTABLE, *MXFP4_NOT_DESCRIBED)
+        raise PolicyError(
+            f"moe_backend={value!r} is not supported for MXFP4 MoE{did_you_mean(value, known)}",
+            origin,
+            key="backend",
+        )
+    backend = MXFP4_REQUESTABLE[value]
+    return Entry(
+        "backend", "batched_marlin" if batched and backend == "marlin" else backend, origin
+    )
+
+
+def rocm_gfx() -> str:
+    """The ROCm GPU family as vLLM's experts classes ask about it (most specific first)."""
+    from vllm.platforms import rocm
+
+    for name in ("gfx942", "gfx950", "gfx1250", "gfx9", "gfx1x"):
+        if getattr(rocm, f"on_{name}")():
+            return name
+    return "other"

@@ -1,11 +1,13 @@
-"""The vLLM general plugin: vLLM's unquantized and fp8 MoE selection go through the policy.
+"""The vLLM general plugin: vLLM's unquantized, fp8 and mxfp4 MoE selection go through the
+policy.
 
 Registered in the ``vllm.general_plugins`` entry-point group as ``moe_policy``; vLLM loads
 it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`register` puts
 :func:`moe_policy.integrations.vllm.selection.select_unquantized_moe_backend` where
 ``UnquantizedFusedMoEMethod`` looks its selector up (and in the oracle module, for direct
-callers), and :func:`~moe_policy.integrations.vllm.selection.select_fp8_moe_backend` in the
-fp8 oracle and every quantization method that calls it; a second call changes nothing. A vLLM release no profile describes fails here,
+callers), and :func:`~moe_policy.integrations.vllm.selection.select_fp8_moe_backend` and
+:func:`~moe_policy.integrations.vllm.selection.select_mxfp4_moe_backend` in their oracles and
+every quantization method that calls them; a second call changes nothing. A vLLM release no profile describes fails here,
 at plugin load, with the list of known profiles.
 """
 
@@ -31,6 +33,17 @@ FP8_CALLERS = (
 )
 
 
+#: The modules that bind vLLM 0.33's mxfp4 selector by name.
+MXFP4_CALLERS = (
+    "vllm.model_executor.layers.fused_moe.oracle.mxfp4",
+    "vllm.model_executor.layers.quantization.mxfp4",
+    "vllm.model_executor.layers.quantization.online.mxfp4",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+    "compressed_tensors_moe_w4a4_mxfp4",
+    "vllm.model_executor.layers.quantization.quark.quark_moe",
+)
+
+
 def _install(module: Any, name: str, replacement: Any) -> None:
     if getattr(getattr(module, name), MARK, False):
         return
@@ -38,7 +51,7 @@ def _install(module: Any, name: str, replacement: Any) -> None:
 
 
 def register() -> None:
-    """Route vLLM's unquantized and fp8 MoE backend selection through the policy
+    """Route vLLM's unquantized, fp8 and mxfp4 MoE backend selection through the policy
     (idempotent)."""
     import importlib
 
@@ -51,13 +64,17 @@ def register() -> None:
     select = _routed(selection.select_unquantized_moe_backend)
     _install(unquantized_fused_moe_method, "select_unquantized_moe_backend", select)
     _install(unquantized, "select_unquantized_moe_backend", select)
-    select_fp8 = _routed(selection.select_fp8_moe_backend)
-    for name in FP8_CALLERS:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # its optional dependency is missing: vLLM cannot use it either
-            continue
-        _install(module, "select_fp8_moe_backend", select_fp8)
+    for callers, function in (
+        (FP8_CALLERS, "select_fp8_moe_backend"),
+        (MXFP4_CALLERS, "select_mxfp4_moe_backend"),
+    ):
+        routed = _routed(getattr(selection, function))
+        for name in callers:
+            try:
+                module = importlib.import_module(name)
+            except ImportError:  # its optional dependency is missing: vLLM cannot use it either
+                continue
+            _install(module, function, routed)
 
 
 def _routed(select: Any) -> Any:

@@ -33,6 +33,7 @@ from moe_policy.integrations.vllm.facts import (
     fp8_packages,
     fp8_request_entry,
     model_facts,
+    mxfp4_request_entry,
     platform_entries,
     quant_facts,
     request_entry,
@@ -214,17 +215,21 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
         from vllm._aiter_ops import rocm_aiter_ops
 
         quant = quant_facts(quantized.weight_key, quantized.activation_key, quantized.fmt)
-        request = fp8_request_entry(
-            moe_config.moe_backend,
-            batched=bool(moe_config.moe_parallel_config.use_batched_activation_format),
-            allow_vllm_cutlass=quantized.allow_vllm_cutlass,
-            environ=os.environ,
-            rdna_aiter=bool(rocm_aiter_ops.is_rdna_aiter_enabled()),
-        )
-        packages = fp8_packages(os.environ, tuple(platform.packages or ()))
-        platform = dataclasses.replace(platform, packages=packages)
+        batched = bool(moe_config.moe_parallel_config.use_batched_activation_format)
+        if quantized.oracle == "fp8":
+            request = fp8_request_entry(
+                moe_config.moe_backend,
+                batched=batched,
+                allow_vllm_cutlass=quantized.allow_vllm_cutlass,
+                environ=os.environ,
+                rdna_aiter=bool(rocm_aiter_ops.is_rdna_aiter_enabled()),
+            )
+            packages = fp8_packages(os.environ, tuple(platform.packages or ()))
+            platform = dataclasses.replace(platform, packages=packages)
+        else:
+            request = mxfp4_request_entry(moe_config.moe_backend, batched=batched)
         oracle = profile.for_quantization(str(quant["model.quantization"][0]))
-        checks = _fp8_checks(moe_config, load_catalog(oracle), quantized)
+        checks = _quantized_checks(moe_config, load_catalog(oracle), quantized)
     if request is not None:
         explicit.append(request)
     return Selector(
@@ -237,27 +242,37 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
     )
 
 
-def _fp8_checks(
+def _oracle_module(name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"vllm.model_executor.layers.fused_moe.oracle.{name}")
+
+
+def _backend_enum(oracle: Any, name: str) -> Any:
+    enum = oracle.Fp8MoeBackend if hasattr(oracle, "Fp8MoeBackend") else oracle.Mxfp4MoeBackend
+    return enum[name]
+
+
+def _quantized_checks(
     moe_config: Any, catalog: Catalog, quantized: Quantized
 ) -> dict[str, Callable[..., Any]]:
-    """Per backend: vLLM's ``is_supported_config`` over the fp8 oracle's classes for it,
-    asked with the layer's (weight, activation) keys; LoRA is left to the LoRA pass."""
-    from vllm.model_executor.layers.fused_moe.oracle import fp8
-
+    """Per backend: vLLM's ``is_supported_config`` over the quantized oracle's classes for
+    it, asked with the layer's (weight, activation) keys; LoRA is left to the LoRA pass."""
+    oracle = _oracle_module(quantized.oracle)
     without_lora = copy.copy(moe_config)
     without_lora.is_lora_enabled = False
     checks: dict[str, Callable[..., Any]] = {}
     for spec in catalog:
         if spec.engine_name is None or spec.delegated:
             continue
-        backend = fp8.Fp8MoeBackend[spec.engine_name]
+        backend = _backend_enum(oracle, spec.engine_name)
 
         def check(values: Mapping[str, object], backend: Any = backend) -> Any:
             fmt = _activation_format(
                 moe_config, values.get("parallel.activation_format") == "batched"
             )
             reason = None
-            for cls in fp8.backend_to_kernel_cls(backend):
+            for cls in oracle.backend_to_kernel_cls(backend):
                 ok, reason = cls.is_supported_config(
                     cls, without_lora, quantized.weight_key, quantized.activation_key, fmt
                 )
@@ -322,20 +337,44 @@ def select_fp8_moe_backend(
     allow_vllm_cutlass: bool = False,
 ) -> tuple[Any, type | None]:
     """vLLM's fp8 selection function, decided by the policy (same arguments, same result)."""
-    from vllm.model_executor.layers.fused_moe.oracle import fp8
-
     quantized = Quantized(
         "fp8", weight_key, activation_key, _caller_format(allow_vllm_cutlass), allow_vllm_cutlass
     )
+    return _select_quantized(config, quantized)
+
+
+def select_mxfp4_moe_backend(config: Any, activation_key: Any = None) -> tuple[Any, type | None]:
+    """vLLM's mxfp4 selection function, decided by the policy (same arguments, same result).
+
+    The profile describes mxfp4 weights with unquantized activations (gpt-oss); a layer whose
+    checkpoint or ``quantization_config.moe.activation`` quantizes the activations is an error
+    naming the key, rather than a decision by rules that were not written for it.
+    """
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4
+    from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Static
+
+    activation = mxfp4._resolve_activation_key(activation_key)
+    if activation is not None:
+        raise PolicyError(
+            f"mxfp4 MoE with {activation} activations: the vLLM profile describes only mxfp4 "
+            "weights with unquantized activations",
+            vllm_origin("activation_key"),
+        )
+    return _select_quantized(config, Quantized("mxfp4", kMxfp4Static, None, "mxfp4"))
+
+
+def _select_quantized(config: Any, quantized: Quantized) -> tuple[Any, type | None]:
+    oracle = _oracle_module(quantized.oracle)
+    weight_key, activation_key = quantized.weight_key, quantized.activation_key
     selector = selector_for(config, quantized)
     index, kind = _layer_identity()
     decision = selector.select(index, kind)
     STATE.engine_decisions.append(decision)
     spec = selector.catalog.spec(str(decision.backend))
-    backend = fp8.Fp8MoeBackend[str(spec.engine_name)]
+    backend = _backend_enum(oracle, str(spec.engine_name))
     if spec.delegated:
         return backend, None
-    classes = list(fp8.backend_to_kernel_cls(backend))
+    classes = list(oracle.backend_to_kernel_cls(backend))
     fmt = _activation_format(config, decision.activation_format == "batched")
     for cls in classes:
         if cls.__name__ == decision.experts_class:
@@ -344,7 +383,7 @@ def select_fp8_moe_backend(
         if cls.is_supported_config(cls, config, weight_key, activation_key, fmt)[0]:
             return backend, cls
     raise PolicyError(
-        f"{backend.name}: none of vLLM's fp8 experts classes "
+        f"{backend.name}: none of vLLM's {quantized.oracle} experts classes "
         f"({', '.join(c.__name__ for c in classes)}) accepts this layer, although the policy "
         f"chose it; the vLLM profile and this vLLM disagree",
         vllm_origin("is_supported_config"),

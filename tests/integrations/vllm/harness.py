@@ -40,6 +40,7 @@ import vllm.model_executor.layers.fused_moe.experts.trtllm_bf16_moe
 import vllm.model_executor.layers.fused_moe.experts.trtllm_lora_moe
 import vllm.model_executor.layers.fused_moe.experts.xpu_moe
 import vllm.model_executor.layers.fused_moe.oracle.fp8 as fp8_oracle
+import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as mxfp4_oracle
 import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
 import vllm.platforms
 import vllm.utils.deep_gemm as vllm_deep_gemm
@@ -59,8 +60,8 @@ from vllm.model_executor.layers.fused_moe.config import (
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
+from vllm.model_executor.layers.quantization.utils import flashinfer_utils, w8a8_utils
 from vllm.model_executor.layers.quantization.utils import quant_utils as qk
-from vllm.model_executor.layers.quantization.utils import w8a8_utils
 from vllm.platforms import CpuArchEnum
 from vllm.platforms.interface import DeviceCapability, PlatformEnum
 
@@ -69,6 +70,10 @@ _SELECT = oracle.select_unquantized_moe_backend
 assert _SELECT.__module__ == oracle.__name__, "vLLM's selector is already patched"
 _SELECT_FP8 = fp8_oracle.select_fp8_moe_backend
 assert _SELECT_FP8.__module__ == fp8_oracle.__name__, "vLLM's fp8 selector is already patched"
+_SELECT_MXFP4 = mxfp4_oracle.select_mxfp4_moe_backend
+assert _SELECT_MXFP4.__module__ == mxfp4_oracle.__name__, "vLLM's mxfp4 selector is patched"
+for _backend in mxfp4_oracle._get_priority_backends_for_gpt_oss():
+    mxfp4_oracle.backend_to_kernel_cls(_backend)
 # The fp8 oracle's experts modules too, imported here under the real platform (the oracle
 # imports them lazily; one imported under a fake would snapshot the first case's state).
 for _backend in fp8_oracle.Fp8MoeBackend:  # those backend_to_kernel_cls knows
@@ -105,6 +110,9 @@ _PACKAGE_PROBES = (
     vllm_hpc.has_hpc,
     w8a8_utils.cutlass_group_gemm_supported,
     vllm.model_executor.layers.fused_moe.experts.cpu_moe.cpu_has_amx_fp8,
+    vllm_import_utils.has_triton_kernels,
+    vllm_flashinfer.has_flashinfer,
+    flashinfer_utils.has_flashinfer_situ_activation,
 )
 _PROBES = (*_FLASHINFER_PROBES, *_PACKAGE_PROBES)
 _ONCE_CACHES = tuple(
@@ -147,6 +155,7 @@ class Case:
     quant: str | None = None  # a QUANTS name: the checkpoint's quantization (None: unquantized)
     deep_gemm: bool = False  # the deep_gemm package is importable
     humming: bool = False  # the humming package is importable
+    triton_kernels: bool = False  # OpenAI's triton_kernels package is importable
 
 
 @dataclass(frozen=True)
@@ -304,6 +313,9 @@ def _probe_answers(case: Case) -> dict[str, bool]:
         "has_hpc": False,
         "cutlass_group_gemm_supported": cutlass,  # built with CUTLASS group GEMM for SM90-SM10x
         "cpu_has_amx_fp8": False,
+        "has_triton_kernels": case.triton_kernels,
+        "has_flashinfer": case.flashinfer,
+        "has_flashinfer_situ_activation": False,
     }
 
 
@@ -376,6 +388,12 @@ def faked_platform(case: Case) -> Iterator[None]:
             rocm = types.ModuleType("vllm.platforms.rocm")
             rocm.get_cdna_version = lambda: 0 if case.rdna else 3  # type: ignore[attr-defined]
             rocm.on_rdna4 = lambda: case.rdna  # type: ignore[attr-defined]
+            # CDNA3 is gfx942 (MI300X), of the gfx9 family; RDNA4 is gfx12xx, of gfx1x.
+            rocm.on_gfx942 = lambda: not case.rdna  # type: ignore[attr-defined]
+            rocm.on_gfx9 = lambda: not case.rdna  # type: ignore[attr-defined]
+            rocm.on_gfx950 = lambda: False  # type: ignore[attr-defined]
+            rocm.on_gfx1250 = lambda: False  # type: ignore[attr-defined]
+            rocm.on_gfx1x = lambda: case.rdna  # type: ignore[attr-defined]
             old = sys.modules.get(rocm.__name__)
             sys.modules[rocm.__name__] = rocm
             if old is None:
@@ -433,19 +451,34 @@ def fp8_keys(case: Case, config: FusedMoEConfig) -> tuple[Any, Any, bool]:
 
 
 @functools.cache
-def _vllm_config() -> VllmConfig:
-    """A CPU VllmConfig without a model: the fp8 oracle reads the current config's model
-    (its DeepGEMM auto-disable list), which none is on."""
-    return VllmConfig(device_config=DeviceConfig(device="cpu"))
+def _vllm_config(model_type: str | None = None) -> VllmConfig:
+    """A CPU VllmConfig. The fp8 oracle reads the current model's type (its DeepGEMM
+    auto-disable list): without ``model_type`` there is no model. The mxfp4 oracle reads the
+    model's ``quantization_config`` arguments (a MoE activation override): for ``model_type``
+    a model of that type with none (the fields the oracles read, not a loaded model)."""
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    if model_type is not None:
+        model = types.SimpleNamespace(
+            quantization_config=None, hf_text_config=types.SimpleNamespace(model_type=model_type)
+        )
+        object.__setattr__(config, "model_config", model)
+    return config
+
+
+def vllm_config(case: Case) -> VllmConfig:
+    """The current VllmConfig while the case's layer is built (see _vllm_config)."""
+    return _vllm_config("gpt_oss" if case.quant == "mxfp4" else None)
 
 
 def _select(case: Case) -> tuple[Any, type | None, str | None]:
     """(backend enum, experts class, None) or (None, None, error) for the case."""
-    with faked_platform(case), set_current_vllm_config(_vllm_config()):
+    with faked_platform(case), set_current_vllm_config(vllm_config(case)):
         try:
             config = moe_config(case)
             if case.quant is None:
                 backend, experts = _SELECT(moe_config=config)
+            elif case.quant == "mxfp4":
+                backend, experts = _SELECT_MXFP4(config)
             else:
                 weight, activation, cutlass = fp8_keys(case, config)
                 backend, experts = _SELECT_FP8(config, weight, activation, cutlass)
@@ -748,6 +781,10 @@ QUANTS: dict[str, dict[str, Any]] = {
     "fp8-tensor-dynamic": {"activation_scheme": "dynamic", "quant_method": "fp8"},
     # nvidia/Llama-4-Scout-17B-16E-Instruct-FP8, nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8
     "fp8-modelopt": {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
+    # openai/gpt-oss-20b, openai/gpt-oss-120b (configs/models/gpt-oss-120b.json)
+    "mxfp4": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                         "model.embed_tokens", "lm_head"],
+              "quant_method": "mxfp4"},
     # RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic
     "fp8-channel-token": {
         "quant_method": "compressed-tensors",
@@ -800,7 +837,8 @@ _FP8_ENVS = (
 
 def _qcase(model: str, quant: str, platform: str, layout: str = "tp1", **fields: Any) -> Case:
     """An fp8 case named model/quant/platform/layout[/k=v]."""
-    spec = {**MODELS[model], **PLATFORMS[platform], **{**LAYOUTS, **FP8_LAYOUTS}[layout]}
+    shape = {**MODELS, **QUANTIZED_SHAPES}[model]
+    spec = {**shape, **PLATFORMS[platform], **{**LAYOUTS, **FP8_LAYOUTS}[layout]}
     spec.update(quant=quant, **{k: v for k, v in fields.items() if k != "env"})
     spec["env"] = (*spec.get("env", ()), *fields.get("env", ()))
     extras = [f"{k}={v}" for k, v in sorted(fields.items()) if k != "env"]
@@ -839,6 +877,48 @@ def _fp8_subgrids() -> Iterator[Case]:
         for env in _FP8_ENVS:
             yield _qcase(model, quant, "cuda9.0+fi", env=env, deep_gemm=True)
             yield _qcase(model, quant, "rocm+aiter", env=env)
+
+
+#: gpt-oss's routed experts (mxfp4 weights, bf16 activations): openai/gpt-oss-20b and -120b.
+MXFP4_MODELS = ("gpt-oss-20b", "gpt-oss-120b")
+#: Shapes only the quantized grids use (the unquantized grid keeps MODELS).
+QUANTIZED_SHAPES: dict[str, dict[str, Any]] = {
+    "gpt-oss-120b": {**MODELS["gpt-oss-20b"], "num_experts": 128},
+}
+MXFP4_BACKENDS = ("triton", "marlin", "humming", "flashinfer_trtllm", "flashinfer_cutlass",
+                  "emulation", "xpu", "cpu", "b12x", "not_a_backend")  # fmt: skip
+
+
+def _mxfp4_subgrids() -> Iterator[Case]:
+    kernels = dict(triton_kernels=True)
+    # rocm+aiter+env+moe0 stays out: AITER's Triton a16w4 kernel needs AITER on but not AITER
+    # MoE, which rocm.aiter (AITER MoE on) does not tell apart.
+    platforms = [p for p in PLATFORMS if p != "rocm+aiter+env+moe0"]
+    for model in MXFP4_MODELS:
+        for platform in platforms:
+            for lora in (False, True):
+                yield _qcase(model, "mxfp4", platform, lora=lora)
+                yield _qcase(model, "mxfp4", platform, lora=lora, **kernels)
+        for layout in FP8_LAYOUTS:
+            for platform in ("cuda9.0+fi", "cuda10.0+fi", "cuda12.0+fi", "rocm+aiter+env", "xpu"):
+                yield _qcase(model, "mxfp4", platform, layout, **kernels)
+        for backend in MXFP4_BACKENDS:
+            for platform in ("cuda9.0+fi", "cuda10.0+fi", "cpu-x86-amx", "xpu"):
+                yield _qcase(model, "mxfp4", platform, moe_backend=backend, **kernels)
+            yield _qcase(
+                model, "mxfp4", "cuda10.0+fi", "ep-dp2-deepep_low_latency", moe_backend=backend
+            )
+        for env in (_BATCH_INVARIANT,):
+            yield _qcase(model, "mxfp4", "cuda10.0+fi", env=env, **kernels)
+
+
+def mxfp4_grid() -> list[Case]:
+    """The mxfp4 oracle's grid: gpt-oss over platforms, layouts, LoRA, explicit backends
+    and triton_kernels installed or not (first occurrence kept)."""
+    seen: dict[Case, Case] = {}
+    for case in _mxfp4_subgrids():
+        seen.setdefault(replace(case, name=""), case)
+    return list(seen.values())
 
 
 def fp8_grid() -> list[Case]:

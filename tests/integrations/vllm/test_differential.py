@@ -38,8 +38,11 @@ from tests.integrations.vllm.harness import (
     grid,
     lora_layer_outcome,
     moe_config,
+    mxfp4_grid,
     oracle_outcome,
     parallel_config,
+    set_current_vllm_config,
+    vllm_config,
 )
 
 #: The deliberate differences, as documented in docs/vllm.md ("Where moe_policy differs").
@@ -76,16 +79,23 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
     if strict:
         os.environ["MOE_POLICY_MODE"] = "strict"
     try:
-        with faked_platform(case), warnings.catch_warnings(record=True):
+        with (
+            faked_platform(case),
+            set_current_vllm_config(vllm_config(case)),
+            warnings.catch_warnings(record=True),
+        ):
             warnings.simplefilter("always")
             try:
                 config = moe_config(case)
-                keys = fp8_keys(case, config) if case.quant is not None else ()
+                fp8 = case.quant not in (None, "mxfp4")
+                keys = fp8_keys(case, config) if fp8 else ()
             except Exception as exc:  # vLLM's config or quant method refuses: nothing to select
                 return None, f"config: {type(exc).__name__}: {exc}"
             try:
                 if case.quant is None:
                     return _plain(selection.select_unquantized_moe_backend(config)), None
+                if case.quant == "mxfp4":
+                    return _plain(selection.select_mxfp4_moe_backend(config)), None
                 return _plain(selection.select_fp8_moe_backend(config, *keys)), None
             except MoEPolicyError as exc:
                 return None, f"{type(exc).__name__}: {exc}"
@@ -133,11 +143,19 @@ def _dry_selector(case: Case) -> Selector:
             ("flashinfer", case.flashinfer),
             ("deep_gemm", case.deep_gemm),
             ("humming", case.humming),
+            ("triton_kernels", case.triton_kernels),
         )
         if present
     )
+    if case.platform == "rocm":  # the harness's ROCm GPUs: CDNA3 (gfx942) or RDNA4
+        explicit.append(Entry("rocm.gfx", "gfx1x" if case.rdna else "gfx942", origin))
     quant = None
-    if case.quant is None:
+    if case.quant == "mxfp4":
+        quant = _checkpoint_quantization(case)
+        request = facts.mxfp4_request_entry(
+            case.moe_backend, batched=parallel.use_batched_activation_format
+        )
+    elif case.quant is None:
         request = facts.request_entry(
             case.moe_backend,
             platform=case.platform,
@@ -209,8 +227,8 @@ def requested(case: Case) -> bool:
     mean auto for unquantized layers) or, for fp8, vLLM's DeepGEMM or AITER switches on."""
     if case.quant is None:
         return case.moe_backend not in ("auto", "humming", "marlin")
-    if case.moe_backend != "auto":
-        return True
+    if case.moe_backend != "auto" or case.quant == "mxfp4":
+        return case.moe_backend != "auto"
     env = dict(case.env)
     dg = [env.get(k, "1") for k in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")]
     aiter = [env.get("VLLM_ROCM_USE_AITER", "0"), env.get("VLLM_ROCM_USE_AITER_MOE", "1")]
@@ -275,6 +293,11 @@ def results() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def fp8_results() -> list[dict[str, Any]]:
     return _quietly(fp8_grid(), "fp8")
+
+
+@pytest.fixture(scope="module")
+def mxfp4_results() -> list[dict[str, Any]]:
+    return _quietly(mxfp4_grid(), "mxfp4")
 
 
 def _results(cases: list[Case] | None = None, label: str = "unquantized") -> list[dict[str, Any]]:
@@ -372,7 +395,24 @@ def test_fp8_differences_are_documented_ones_and_seen(fp8_results):
 def test_the_fp8_grid_covers_every_scheme_and_picks_many_backends(fp8_results):
     cases = [r["case"] for r in fp8_results]
     assert len(cases) >= 500
-    assert {c.quant for c in cases} == set(QUANTS)
+    assert {c.quant for c in cases} == set(QUANTS) - {"mxfp4"}
     picked = {r["vllm"].backend for r in fp8_results if r["vllm"].error is None}
     assert picked >= {"TRITON", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "MARLIN",
                       "AITER", "XPU", "CPU", "VLLM_CUTLASS", "BATCHED_TRITON", "NONE"}  # fmt: skip
+
+
+def test_mxfp4_inside_vllm_agrees_except_documented_differences(mxfp4_results):
+    assert _mismatches(mxfp4_results, "inside")[:20] == []
+
+
+def test_mxfp4_dry_run_profile_agrees_except_documented_differences(mxfp4_results):
+    assert _mismatches(mxfp4_results, "dry")[:20] == []
+
+
+def test_mxfp4_differences_are_documented_ones_and_seen(mxfp4_results):
+    seen = {r["inside_class"] for r in mxfp4_results} | {r["dry_class"] for r in mxfp4_results}
+    assert seen <= {"agree", *DELIBERATE}
+    assert "request_fallback_warns" in seen
+    picked = {r["vllm"].backend for r in mxfp4_results if r["vllm"].error is None}
+    assert picked >= {"TRITON", "FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_BF16",
+                      "MARLIN", "BATCHED_MARLIN", "AITER_TRITON_MXFP4_BF16", "XPU", "CPU"}  # fmt: skip

@@ -24,6 +24,7 @@ from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
 from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
 from vllm.model_executor.layers.quantization import fp8 as fp8_method
+from vllm.model_executor.layers.quantization import mxfp4 as mxfp4_method
 
 from moe_policy import BackendOverrideError, BackendOverrideWarning, PolicyError
 from moe_policy.core.state import STATE
@@ -32,6 +33,7 @@ from tests.integrations.vllm.harness import MODELS, Case, faked_platform, moe_co
 
 VLLM_SELECT = oracle.select_unquantized_moe_backend
 VLLM_SELECT_FP8 = fp8_method.select_fp8_moe_backend
+VLLM_SELECT_MXFP4 = mxfp4_method.select_mxfp4_moe_backend
 ENTRY = "moe_policy.integrations.vllm.plugin:register"
 #: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
 NEMOTRON_LORA = Case(
@@ -71,6 +73,9 @@ def clean(monkeypatch) -> Iterator[None]:
     oracle.select_unquantized_moe_backend = VLLM_SELECT
     for module in _fp8_callers():
         module.select_fp8_moe_backend = VLLM_SELECT_FP8
+    for name in plugin.MXFP4_CALLERS:
+        if name in sys.modules:
+            sys.modules[name].select_mxfp4_moe_backend = VLLM_SELECT_MXFP4
     STATE.selectors.clear()
 
 
@@ -291,3 +296,22 @@ def test_without_the_plugin_vllm_decides_fp8_itself(monkeypatch):
     assert fp8_method.select_fp8_moe_backend is VLLM_SELECT_FP8
     built, _ = build_fp8_method(DEEPSEEK_FP8, {"MOE_POLICY_BACKEND": "flashinfer_trtllm"})
     assert built.fp8_backend.name == "TRITON"  # vLLM's own SM90 block-fp8 choice
+
+
+def test_a_gpt_oss_layer_is_decided_through_the_policy(monkeypatch, tmp_path):
+    """vLLM's own GptOssMxfp4MoEMethod on a B200: TRT-LLM's mxfp4 x bf16 kernel, audited."""
+    from tests.integrations.vllm.harness import vllm_config
+
+    load_plugins(monkeypatch)
+    assert getattr(mxfp4_method.select_mxfp4_moe_backend, plugin.MARK) is True
+    case = Case(name="gpt-oss/b200", quant="mxfp4", capability=(10, 0), **MODELS["gpt-oss-20b"])
+    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("MOE_POLICY_AUDIT_LOG", str(audit))
+    with faked_platform(case), set_current_vllm_config(vllm_config(case)):
+        built = mxfp4_method.GptOssMxfp4MoEMethod(moe_config(case))
+    assert built.mxfp4_backend.name == "FLASHINFER_TRTLLM_MXFP4_BF16"
+    assert built.experts_cls.__name__ == "TrtLlmMxfp4ExpertsMonolithic"
+    [line] = audit.read_text().splitlines()
+    record = json.loads(line)
+    assert record["backend"] == "flashinfer_trtllm"
+    assert record["context"]["model.quantization"]["value"] == "mxfp4"
