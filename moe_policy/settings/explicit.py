@@ -78,12 +78,6 @@ def set_entry(item: str, origin: Origin) -> Entry:
     shown = item if len(item) <= 60 else item[:57] + "..."
     if not sep or not key:
         raise PolicyError(f"expected KEY=VALUE, got {shown!r}", origin)
-    if not text.strip():
-        raise PolicyError(f"{key}: no value after '=' (write null for no value)", origin, key=key)
-    if "${" in text:
-        raise PolicyError(
-            f"{key}: interpolation (${{...}}) is not supported in --set values", origin, key=key
-        )
     if key in SETTINGS_KEYS:
         kind = _SETTING_TEXT.get(SETTINGS_KEYS[key].type, "str")
     elif key in CONTEXT_KEYS:
@@ -94,6 +88,13 @@ def set_entry(item: str, origin: Origin) -> Entry:
             f"unknown key {key!r}{did_you_mean(key, known)} (neither a setting nor a context key)",
             origin,
             key=key,
+        )
+    if not text.strip():
+        hint = " (null switches it off)" if key == "audit.path" else ""
+        raise PolicyError(f"{key}: no value after '='{hint}", origin, key=key)
+    if "${" in text:
+        raise PolicyError(
+            f"{key}: interpolation (${{...}}) is not supported in --set values", origin, key=key
         )
     try:
         value = from_text(kind, text)

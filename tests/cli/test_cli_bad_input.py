@@ -227,6 +227,11 @@ TYPED_FLAGS = [
     ("empty-audit-log", ("--audit-log", ""), ("cli:--audit-log", "an empty value is not a path")),
     ("set-empty", ("--set", "parallel.tp="), ("cli:--set", "parallel.tp: no value after '='")),
     (
+        "set-empty-audit-path",
+        ("--set", "audit.path="),
+        ("cli:--set", "audit.path: no value after '=' (null switches it off)"),
+    ),
+    (
         "set-null-context",
         ("--set", "parallel.tp=null"),
         ("cli:--set", "parallel.tp: no value given"),
