@@ -160,12 +160,13 @@ def _check_against_experts(
 
 
 def _put_platform(put: Any, facts: PlatformFacts) -> None:
+    """The target's facts, typed like any other value (pinned facts come from callers)."""
     origin = facts.origin
-    put("platform", facts.platform, origin)
-    put("device.capability", facts.capability, origin)
-    put("device.name", facts.device_name, origin)
+    put("platform", coerce_value("platform", facts.platform, origin), origin)
+    put("device.capability", coerce_value("device.capability", facts.capability, origin), origin)
+    put("device.name", coerce_value("device.name", facts.device_name, origin), origin)
     if facts.packages is not None:
-        put("packages", tuple(sorted(facts.packages)), origin)
+        put("packages", coerce_value("packages", facts.packages, origin), origin)
 
 
 def _derive(

@@ -11,6 +11,7 @@ import pytest
 import moe_policy
 from moe_policy.api import Selector
 from moe_policy.core.model import model_facts_from_mapping
+from moe_policy.core.platform import PlatformFacts
 from moe_policy.errors import PolicyError
 from tests.bundled import MIXTRAL, NEMOTRON
 
@@ -146,3 +147,18 @@ def test_the_audit_reads_rank_and_world_size_as_ascii_integers(environ, expected
     from moe_policy.reporting.audit import rank_info
 
     assert rank_info(environ) == expected
+
+
+@pytest.mark.parametrize(
+    ("facts", "message"),
+    [
+        (PlatformFacts("cdua", "9.0", origin="api"), r"^api: platform: 'cdua' is not one of"),
+        (PlatformFacts("cuda", "9.0000001", origin="api"), r"^api: device.capability: not a"),
+        (PlatformFacts("cuda", "90", origin="api"), r"^api: device.capability: not a"),
+        (PlatformFacts("cuda", "9.0", packages="triton", origin="api"), r"^api: packages: "),
+    ],
+)
+def test_pinned_platform_facts_are_typed(facts, message):
+    """Facts a caller pins instead of the probe are checked like the keywords."""
+    with pytest.raises(PolicyError, match=message):
+        Selector(NEMOTRON, environ={}, platform=facts)
