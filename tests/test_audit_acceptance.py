@@ -31,7 +31,8 @@ WRITER = """
 import json, os, resource, signal, sys
 role, path, count, pad, limit, required = sys.argv[1:7]
 count, pad, limit, required = int(count), int(pad), int(limit), required == "1"
-if limit:
+if limit:  # the limit falls ``limit`` bytes past the file's size when this writer starts
+    limit += os.path.getsize(path)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 from structlog.testing import capture_logs
@@ -123,15 +124,17 @@ def test_eight_writers_with_kills_mid_record_and_a_size_limit_lose_only_what_fai
     # audit required, one not), and two writing 4 MB records that are killed mid-write.
     survivors = {f"survivor-{i}": start_writer(path, f"survivor-{i}", pad=20_000) for i in range(4)}
     limited = {
-        "limited-required": start_writer(path, "limited-required", pad=50_000, limit=55_000_000),
+        "limited-required": start_writer(path, "limited-required", pad=50_000, limit=40_000_000),
         "limited-warn": start_writer(
-            path, "limited-warn", pad=50_000, limit=55_000_000, required=False
+            path, "limited-warn", pad=50_000, limit=40_000_000, required=False
         ),
     }
-    victims = {f"victim-{i}": start_writer(path, f"victim-{i}", pad=4_000_000) for i in range(2)}
+    victims = {
+        f"victim-{i}": start_writer(path, f"victim-{i}", count=40, pad=4_000_000) for i in range(2)
+    }
     pids = {proc.pid: role for role, proc in victims.items()}
     killed_holding_the_lock = 0
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 60
     time.sleep(0.5)  # every victim has written a record or two by now
     while pids and time.monotonic() < deadline:
         holder = lock_holder(path)
@@ -145,6 +148,7 @@ def test_eight_writers_with_kills_mid_record_and_a_size_limit_lose_only_what_fai
         proc.wait()
     results = {role: finish(proc) for role, proc in {**survivors, **limited}.items()}
 
+    assert killed_holding_the_lock >= 1, "no victim was seen inside its write (/proc/locks)"
     records, fragments = parse(path.read_bytes())
     for role in survivors:
         assert layers_of(records, role) == Counter(range(500)), f"{role} lost or repeated records"
