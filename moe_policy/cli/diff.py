@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_policy.core.canonical import canonical_json
+from moe_policy.core.textfile import decode_utf8
+from moe_policy.errors import PolicyError
 from moe_policy.fleet.agreement import RANK_LOCAL_KEYS, compress, format_layers
 
 EXIT_IDENTICAL = 0
@@ -118,10 +120,9 @@ def _read(path: str) -> str:
         except OSError as exc:
             raise DiffInputError(f"file:{path}: cannot read: {exc}") from None
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise DiffInputError(f"file:{path}:{line}: cannot read: not UTF-8 ({exc.reason})") from None
+        return decode_utf8(data, path)
+    except PolicyError as exc:  # file:PATH:LINE:COL of the first bad byte
+        raise DiffInputError(str(exc)) from None
 
 
 def _json(text: str) -> Any:
@@ -331,8 +332,30 @@ def _value(item: Any) -> str:
     return str(item)
 
 
-def render(result: Mapping[str, Any]) -> str:
-    """The human-readable report."""
+def render(result: Mapping[str, Any], width: int | None = None) -> str:
+    """The human-readable report for ``width`` columns (None: unwrapped): a line that does
+    not fit wraps at spaces, and a difference whose two sides do not fit one line puts
+    each side on a line of its own under the name."""
+    text = _report(result)
+    if width is None:
+        return text
+    from moe_policy.cli.table import wrap
+
+    out = []
+    for line in text.splitlines():
+        name, sep, sides = line.partition(": A ")
+        side_a, bar, side_b = sides.partition(" | B ")
+        if len(line) > width and line.startswith("  ") and sep and bar:
+            out.append(f"{name}:")
+            out.extend(
+                wrap(f"    {side} {value}", width) for side, value in (("A", side_a), ("B", side_b))
+            )
+        else:
+            out.append(wrap(line, width))
+    return "\n".join(out)
+
+
+def _report(result: Mapping[str, Any]) -> str:
     a, b = result["a"], result["b"]
     lines = [
         f"A: {a['path']} ({a['records']} records, {a['layers']} layers)",
@@ -439,7 +462,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
     else:
-        print(render(result))
+        from moe_policy.cli.terminal import output_width
+
+        print(render(result, output_width(sys.stdout)))
     return EXIT_IDENTICAL if result["identical"] else EXIT_DIFFERENT
 
 

@@ -215,6 +215,14 @@ def test_a_line_json_cannot_hold_exits_2(tmp_path: Path, capsys, line: str, prob
     assert err.startswith(f"moe-policy: error: file:{bad}:1: not JSON") and problem in err
 
 
+def test_text_that_is_not_utf8_exits_2_at_its_line_and_column(tmp_path: Path, capsys):
+    good = _audit_log(tmp_path / "a.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"a": 1}\n{"b": "\xff"}\n')
+    assert _run(good, bad) == 2
+    assert capsys.readouterr().err.startswith(f"moe-policy: error: file:{bad}:2:8: invalid UTF-8")
+
+
 def test_a_fifo_or_a_directory_is_refused_without_waiting(tmp_path: Path, capsys):
     import os
 
