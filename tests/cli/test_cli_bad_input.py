@@ -408,3 +408,18 @@ def test_lint_reports_a_path_with_digit_like_characters(tmp_path, form):
     run = run_cli("lint", "--format", form, path)
     assert run.returncode == 1, run.stderr
     assert "Traceback" not in run.stderr and "file-not-found" in run.stdout
+
+
+def test_null_is_the_explicit_off_switch_for_a_profiles_audit(tmp_path):
+    """`--set audit.path=null` switches the audit profile's log off; an empty path would be an error."""
+    env = {"MOE_POLICY_AUDIT_DIR": str(tmp_path)}
+    on = run_cli("explain", "--model", NEMOTRON_REL, *H200, "--profile", "audit", "--json", env=env)
+    assert on.returncode == 0, on.stderr
+    assert (tmp_path / "moe-policy-decisions.jsonl").is_file()
+    (tmp_path / "moe-policy-decisions.jsonl").unlink()
+    off = run_cli(
+        "explain", "--model", NEMOTRON_REL, *H200, "--profile", "audit", "--json",
+        "--set", "audit.path=null", env=env,
+    )  # fmt: skip
+    assert off.returncode == 0, off.stderr
+    assert list(tmp_path.iterdir()) == []
