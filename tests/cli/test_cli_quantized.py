@@ -124,3 +124,28 @@ def test_gpt_oss_mxfp4(args, backend, experts_class):
 def test_lint_checks_the_mxfp4_policy_against_its_catalog():
     run = run_cli("lint", "--engine", "vllm/mxfp4", "configs/engines/vllm-0.33/mxfp4-default.yaml")
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+NVFP4_REL = "configs/models/qwen3-30b-a3b-nvfp4.json"
+
+
+@pytest.mark.parametrize(
+    ("args", "backend", "experts_class"),
+    [
+        # B200: TRT-LLM's nvfp4 kernel, monolithic without all2all kernels, modular with them.
+        (("--capability", "10.0"), "flashinfer_trtllm", "TrtLlmNvFp4ExpertsMonolithic"),
+        (("--capability", "10.0", "--dp", "2", "--ep", "--all2all", "deepep_high_throughput"),
+         "flashinfer_trtllm", "TrtLlmNvFp4ExpertsModular"),
+        # LoRA: only Marlin's weight-only kernel applies adapters.
+        (("--capability", "10.0", "--lora"), "marlin", "MarlinExperts"),
+        # H200: no W4A4 kernel before SM100; Humming (the dry run assumes its package).
+        (("--capability", "9.0"), "humming", "HummingGroupedExperts"),
+    ],
+)  # fmt: skip
+def test_nvfp4_on_blackwell(args, backend, experts_class):
+    record = explain("--model", NVFP4_REL, "--platform", "cuda", *args)
+    assert (record["backend"], record["experts_class"]) == (backend, experts_class)
+    context = record["context"]
+    assert context["model.quantization"]["value"] == "nvfp4"
+    assert context["model.quant.activation"]["value"] == "dynamic_group"
+    assert context["model.quantization"]["origin"].startswith(f"file:{NVFP4_REL}:")

@@ -259,6 +259,8 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
         scheme, scale, group = "mxfp8", "group", 32
     elif weight_key == q.kMxfp4Static:
         scheme, scale, group = "mxfp4", "group", 32
+    elif weight_key == q.kNvfp4Static:
+        scheme, scale, group = "nvfp4", "group", 16
     elif (
         weight_key is not None
         and weight_key.dtype == q.FP8_DTYPE
@@ -279,6 +281,7 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
         q.kFp8DynamicTokenSym: "dynamic_token",
         q.kFp8Dynamic128Sym: "dynamic_group",
         q.kMxfp8Dynamic: "dynamic_group",
+        q.kNvfp4Dynamic: "dynamic_group",
     }
     if activation_key not in activations:
         raise PolicyError(
@@ -432,3 +435,43 @@ def rocm_gfx() -> str:
         if getattr(rocm, f"on_{name}")():
             return name
     return "other"
+
+
+#: ``--moe-backend`` values of vLLM's nvfp4 oracle (map_nvfp4_backend) the profile describes.
+NVFP4_REQUESTABLE: Mapping[str, str] = {
+    "cutlass": "vllm_cutlass",
+    "flashinfer_trtllm": "flashinfer_trtllm",
+    "flashinfer_cutlass": "flashinfer_cutlass",
+    "flashinfer_cutedsl": "flashinfer_cutedsl",
+    "marlin": "marlin",
+    "humming": "humming",
+    "emulation": "emulation",
+}
+NVFP4_NOT_DESCRIBED = ("b12x", "flashinfer_b12x", "flashinfer_moe_ep_cutedsl")
+
+
+def nvfp4_request_entry(value: str, *, batched: bool) -> Entry | None:
+    """``--moe-backend`` as the nvfp4 oracle's request (None: auto); the batched format swaps
+    CuTe DSL for its batched class, as vLLM does."""
+    value = str(value or "auto")
+    if value == "auto":
+        return None
+    origin = vllm_origin("--moe-backend")
+    if value in NVFP4_NOT_DESCRIBED:
+        raise PolicyError(
+            f"moe_backend={value!r} names an nvfp4 backend the vLLM profile does not describe "
+            f"(described: {', '.join(NVFP4_REQUESTABLE)})",
+            origin,
+            key="backend",
+        )
+    if value not in NVFP4_REQUESTABLE:
+        known = (*NVFP4_REQUESTABLE, *NVFP4_NOT_DESCRIBED)
+        raise PolicyError(
+            f"moe_backend={value!r} is not supported for NvFP4 MoE{did_you_mean(value, known)}",
+            origin,
+            key="backend",
+        )
+    backend = NVFP4_REQUESTABLE[value]
+    if batched and backend == "flashinfer_cutedsl":
+        backend = "flashinfer_cutedsl_batched"
+    return Entry("backend", backend, origin)

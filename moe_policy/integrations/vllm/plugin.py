@@ -1,12 +1,13 @@
-"""The vLLM general plugin: vLLM's unquantized, fp8 and mxfp4 MoE selection go through the
-policy.
+"""The vLLM general plugin: vLLM's unquantized, fp8, mxfp4 and nvfp4 MoE selection go through
+the policy.
 
 Registered in the ``vllm.general_plugins`` entry-point group as ``moe_policy``; vLLM loads
 it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`register` puts
 :func:`moe_policy.integrations.vllm.selection.select_unquantized_moe_backend` where
 ``UnquantizedFusedMoEMethod`` looks its selector up (and in the oracle module, for direct
 callers), and :func:`~moe_policy.integrations.vllm.selection.select_fp8_moe_backend` and
-:func:`~moe_policy.integrations.vllm.selection.select_mxfp4_moe_backend` in their oracles and
+:func:`~moe_policy.integrations.vllm.selection.select_mxfp4_moe_backend` and ``..._nvfp4_...``
+in their oracles and
 every quantization method that calls them; a second call changes nothing. A vLLM release no profile describes fails here,
 at plugin load, with the list of known profiles.
 """
@@ -44,6 +45,17 @@ MXFP4_CALLERS = (
 )
 
 
+#: The modules that bind vLLM 0.33's nvfp4 selector by name.
+NVFP4_CALLERS = (
+    "vllm.model_executor.layers.fused_moe.oracle.nvfp4",
+    "vllm.model_executor.layers.quantization.modelopt",
+    "vllm.model_executor.layers.quantization.online.nvfp4",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+    "compressed_tensors_moe_w4a4_nvfp4",
+    "vllm.model_executor.layers.quantization.quark.quark_moe",
+)
+
+
 def _install(module: Any, name: str, replacement: Any) -> None:
     if getattr(getattr(module, name), MARK, False):
         return
@@ -51,7 +63,7 @@ def _install(module: Any, name: str, replacement: Any) -> None:
 
 
 def register() -> None:
-    """Route vLLM's unquantized, fp8 and mxfp4 MoE backend selection through the policy
+    """Route vLLM's unquantized, fp8, mxfp4 and nvfp4 MoE backend selection through the policy
     (idempotent)."""
     import importlib
 
@@ -67,6 +79,7 @@ def register() -> None:
     for callers, function in (
         (FP8_CALLERS, "select_fp8_moe_backend"),
         (MXFP4_CALLERS, "select_mxfp4_moe_backend"),
+        (NVFP4_CALLERS, "select_nvfp4_moe_backend"),
     ):
         routed = _routed(getattr(selection, function))
         for name in callers:

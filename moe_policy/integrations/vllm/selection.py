@@ -34,6 +34,7 @@ from moe_policy.integrations.vllm.facts import (
     fp8_request_entry,
     model_facts,
     mxfp4_request_entry,
+    nvfp4_request_entry,
     platform_entries,
     quant_facts,
     request_entry,
@@ -226,8 +227,10 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
             )
             packages = fp8_packages(os.environ, tuple(platform.packages or ()))
             platform = dataclasses.replace(platform, packages=packages)
-        else:
+        elif quantized.oracle == "mxfp4":
             request = mxfp4_request_entry(moe_config.moe_backend, batched=batched)
+        else:
+            request = nvfp4_request_entry(moe_config.moe_backend, batched=batched)
         oracle = profile.for_quantization(str(quant["model.quantization"][0]))
         checks = _quantized_checks(moe_config, load_catalog(oracle), quantized)
     if request is not None:
@@ -249,7 +252,8 @@ def _oracle_module(name: str) -> Any:
 
 
 def _backend_enum(oracle: Any, name: str) -> Any:
-    enum = oracle.Fp8MoeBackend if hasattr(oracle, "Fp8MoeBackend") else oracle.Mxfp4MoeBackend
+    enums = ("Fp8MoeBackend", "Mxfp4MoeBackend", "NvFp4MoeBackend")
+    enum = next(getattr(oracle, e) for e in enums if hasattr(oracle, e))
     return enum[name]
 
 
@@ -314,7 +318,8 @@ def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
 
 
 #: The quantization method classes that ask the fp8 oracle, by checkpoint format.
-_FP8_CALLERS = {"ModelOptFp8MoEMethod": "modelopt", "Fp8MoEMethod": "fp8"}
+_FP8_CALLERS = {"ModelOptFp8MoEMethod": "modelopt", "Fp8MoEMethod": "fp8",
+                "ModelOptNvFp4FusedMoE": "modelopt"}  # fmt: skip
 
 
 def _caller_format(allow_vllm_cutlass: bool) -> str:
@@ -361,6 +366,15 @@ def select_mxfp4_moe_backend(config: Any, activation_key: Any = None) -> tuple[A
             vllm_origin("activation_key"),
         )
     return _select_quantized(config, Quantized("mxfp4", kMxfp4Static, None, "mxfp4"))
+
+
+def select_nvfp4_moe_backend(
+    config: Any, weight_key: Any, activation_key: Any
+) -> tuple[Any, type | None]:
+    """vLLM's nvfp4 selection function, decided by the policy (same arguments, same result)."""
+    return _select_quantized(
+        config, Quantized("nvfp4", weight_key, activation_key, _caller_format(False))
+    )
 
 
 def _select_quantized(config: Any, quantized: Quantized) -> tuple[Any, type | None]:

@@ -41,6 +41,7 @@ import vllm.model_executor.layers.fused_moe.experts.trtllm_lora_moe
 import vllm.model_executor.layers.fused_moe.experts.xpu_moe
 import vllm.model_executor.layers.fused_moe.oracle.fp8 as fp8_oracle
 import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as mxfp4_oracle
+import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as nvfp4_oracle
 import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
 import vllm.platforms
 import vllm.utils.deep_gemm as vllm_deep_gemm
@@ -74,6 +75,11 @@ _SELECT_MXFP4 = mxfp4_oracle.select_mxfp4_moe_backend
 assert _SELECT_MXFP4.__module__ == mxfp4_oracle.__name__, "vLLM's mxfp4 selector is patched"
 for _backend in mxfp4_oracle._get_priority_backends_for_gpt_oss():
     mxfp4_oracle.backend_to_kernel_cls(_backend)
+_SELECT_NVFP4 = nvfp4_oracle.select_nvfp4_moe_backend
+assert _SELECT_NVFP4.__module__ == nvfp4_oracle.__name__, "vLLM's nvfp4 selector is patched"
+for _backend in nvfp4_oracle.NvFp4MoeBackend:
+    if _backend.name not in ("B12X", "FLASHINFER_B12X", "FLASHINFER_MOE_EP_CUTEDSL"):
+        nvfp4_oracle.backend_to_kernel_cls(_backend)
 # The fp8 oracle's experts modules too, imported here under the real platform (the oracle
 # imports them lazily; one imported under a fake would snapshot the first case's state).
 for _backend in fp8_oracle.Fp8MoeBackend:  # those backend_to_kernel_cls knows
@@ -113,6 +119,8 @@ _PACKAGE_PROBES = (
     vllm_import_utils.has_triton_kernels,
     vllm_flashinfer.has_flashinfer,
     flashinfer_utils.has_flashinfer_situ_activation,
+    vllm_flashinfer.has_flashinfer_cutedsl_moe_nvfp4,
+    vllm_flashinfer.has_flashinfer_cutedsl_grouped_gemm_nt_masked,
 )
 _PROBES = (*_FLASHINFER_PROBES, *_PACKAGE_PROBES)
 _ONCE_CACHES = tuple(
@@ -316,6 +324,8 @@ def _probe_answers(case: Case) -> dict[str, bool]:
         "has_triton_kernels": case.triton_kernels,
         "has_flashinfer": case.flashinfer,
         "has_flashinfer_situ_activation": False,
+        "has_flashinfer_cutedsl_moe_nvfp4": case.flashinfer,
+        "has_flashinfer_cutedsl_grouped_gemm_nt_masked": case.flashinfer,
     }
 
 
@@ -479,6 +489,8 @@ def _select(case: Case) -> tuple[Any, type | None, str | None]:
                 backend, experts = _SELECT(moe_config=config)
             elif case.quant == "mxfp4":
                 backend, experts = _SELECT_MXFP4(config)
+            elif case.quant == "nvfp4":
+                backend, experts = _SELECT_NVFP4(config, qk.kNvfp4Static, qk.kNvfp4Dynamic)
             else:
                 weight, activation, cutlass = fp8_keys(case, config)
                 backend, experts = _SELECT_FP8(config, weight, activation, cutlass)
@@ -785,6 +797,9 @@ QUANTS: dict[str, dict[str, Any]] = {
     "mxfp4": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                          "model.embed_tokens", "lm_head"],
               "quant_method": "mxfp4"},
+    # nvidia/Qwen3-30B-A3B-NVFP4 (configs/models/qwen3-30b-a3b-nvfp4.json): ModelOpt W4A4
+    "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": {"name": "modelopt"},
+              "ignore": ["lm_head"]},
     # RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic
     "fp8-channel-token": {
         "quant_method": "compressed-tensors",
@@ -910,6 +925,39 @@ def _mxfp4_subgrids() -> Iterator[Case]:
             )
         for env in (_BATCH_INVARIANT,):
             yield _qcase(model, "mxfp4", "cuda10.0+fi", env=env, **kernels)
+
+
+#: Models with public ModelOpt NVFP4 checkpoints (nvidia/Qwen3-30B-A3B-NVFP4,
+#: nvidia/DeepSeek-R1-FP4, nvidia/Llama-4-Scout-17B-16E-Instruct-FP4).
+NVFP4_MODELS = ("qwen3-30b-a3b", "deepseek-v3", "llama-4-scout")
+NVFP4_BACKENDS = ("cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl",
+                  "marlin", "humming", "emulation", "b12x", "not_a_backend")  # fmt: skip
+
+
+def _nvfp4_subgrids() -> Iterator[Case]:
+    for model in NVFP4_MODELS:
+        for platform in PLATFORMS:
+            for lora in (False, True):
+                yield _qcase(model, "nvfp4", platform, lora=lora)
+        for layout in FP8_LAYOUTS:
+            for platform in ("cuda9.0+fi", "cuda10.0+fi", "cuda12.0+fi", "rocm", "xpu"):
+                yield _qcase(model, "nvfp4", platform, layout)
+        for backend in NVFP4_BACKENDS:
+            for platform in ("cuda9.0+fi", "cuda10.0+fi", "cuda12.0+fi", "rocm"):
+                yield _qcase(model, "nvfp4", platform, moe_backend=backend)
+            yield _qcase(
+                model, "nvfp4", "cuda10.0+fi", "ep-dp2-deepep_low_latency", moe_backend=backend
+            )
+        yield _qcase(model, "nvfp4", "cuda10.0+fi", env=_BATCH_INVARIANT)
+
+
+def nvfp4_grid() -> list[Case]:
+    """The nvfp4 oracle's grid: ModelOpt NVFP4 checkpoints over platforms, layouts, LoRA and
+    explicit backends (first occurrence kept)."""
+    seen: dict[Case, Case] = {}
+    for case in _nvfp4_subgrids():
+        seen.setdefault(replace(case, name=""), case)
+    return list(seen.values())
 
 
 def mxfp4_grid() -> list[Case]:

@@ -21,6 +21,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm.model_executor.layers.quantization.utils import quant_utils as qk
+
 from moe_policy import (
     MoEPolicyError,
     PlatformFacts,
@@ -39,6 +41,7 @@ from tests.integrations.vllm.harness import (
     lora_layer_outcome,
     moe_config,
     mxfp4_grid,
+    nvfp4_grid,
     oracle_outcome,
     parallel_config,
     set_current_vllm_config,
@@ -87,7 +90,7 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
             warnings.simplefilter("always")
             try:
                 config = moe_config(case)
-                fp8 = case.quant not in (None, "mxfp4")
+                fp8 = case.quant not in (None, "mxfp4", "nvfp4")
                 keys = fp8_keys(case, config) if fp8 else ()
             except Exception as exc:  # vLLM's config or quant method refuses: nothing to select
                 return None, f"config: {type(exc).__name__}: {exc}"
@@ -96,6 +99,9 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
                     return _plain(selection.select_unquantized_moe_backend(config)), None
                 if case.quant == "mxfp4":
                     return _plain(selection.select_mxfp4_moe_backend(config)), None
+                if case.quant == "nvfp4":
+                    keys = (qk.kNvfp4Static, qk.kNvfp4Dynamic)  # ModelOptNvFp4FusedMoE, W4A4
+                    return _plain(selection.select_nvfp4_moe_backend(config, *keys)), None
                 return _plain(selection.select_fp8_moe_backend(config, *keys)), None
             except MoEPolicyError as exc:
                 return None, f"{type(exc).__name__}: {exc}"
@@ -150,11 +156,10 @@ def _dry_selector(case: Case) -> Selector:
     if case.platform == "rocm":  # the harness's ROCm GPUs: CDNA3 (gfx942) or RDNA4
         explicit.append(Entry("rocm.gfx", "gfx1x" if case.rdna else "gfx942", origin))
     quant = None
-    if case.quant == "mxfp4":
+    if case.quant in ("mxfp4", "nvfp4"):
         quant = _checkpoint_quantization(case)
-        request = facts.mxfp4_request_entry(
-            case.moe_backend, batched=parallel.use_batched_activation_format
-        )
+        reader = facts.mxfp4_request_entry if case.quant == "mxfp4" else facts.nvfp4_request_entry
+        request = reader(case.moe_backend, batched=parallel.use_batched_activation_format)
     elif case.quant is None:
         request = facts.request_entry(
             case.moe_backend,
@@ -227,7 +232,7 @@ def requested(case: Case) -> bool:
     mean auto for unquantized layers) or, for fp8, vLLM's DeepGEMM or AITER switches on."""
     if case.quant is None:
         return case.moe_backend not in ("auto", "humming", "marlin")
-    if case.moe_backend != "auto" or case.quant == "mxfp4":
+    if case.moe_backend != "auto" or case.quant in ("mxfp4", "nvfp4"):
         return case.moe_backend != "auto"
     env = dict(case.env)
     dg = [env.get(k, "1") for k in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")]
@@ -298,6 +303,11 @@ def fp8_results() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def mxfp4_results() -> list[dict[str, Any]]:
     return _quietly(mxfp4_grid(), "mxfp4")
+
+
+@pytest.fixture(scope="module")
+def nvfp4_results() -> list[dict[str, Any]]:
+    return _quietly(nvfp4_grid(), "nvfp4")
 
 
 def _results(cases: list[Case] | None = None, label: str = "unquantized") -> list[dict[str, Any]]:
@@ -395,7 +405,7 @@ def test_fp8_differences_are_documented_ones_and_seen(fp8_results):
 def test_the_fp8_grid_covers_every_scheme_and_picks_many_backends(fp8_results):
     cases = [r["case"] for r in fp8_results]
     assert len(cases) >= 500
-    assert {c.quant for c in cases} == set(QUANTS) - {"mxfp4"}
+    assert {c.quant for c in cases} == set(QUANTS) - {"mxfp4", "nvfp4"}
     picked = {r["vllm"].backend for r in fp8_results if r["vllm"].error is None}
     assert picked >= {"TRITON", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "MARLIN",
                       "AITER", "XPU", "CPU", "VLLM_CUTLASS", "BATCHED_TRITON", "NONE"}  # fmt: skip
@@ -416,3 +426,19 @@ def test_mxfp4_differences_are_documented_ones_and_seen(mxfp4_results):
     picked = {r["vllm"].backend for r in mxfp4_results if r["vllm"].error is None}
     assert picked >= {"TRITON", "FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_BF16",
                       "MARLIN", "BATCHED_MARLIN", "AITER_TRITON_MXFP4_BF16", "XPU", "CPU"}  # fmt: skip
+
+
+def test_nvfp4_inside_vllm_agrees_except_documented_differences(nvfp4_results):
+    assert _mismatches(nvfp4_results, "inside")[:20] == []
+
+
+def test_nvfp4_dry_run_profile_agrees_except_documented_differences(nvfp4_results):
+    assert _mismatches(nvfp4_results, "dry")[:20] == []
+
+
+def test_nvfp4_differences_are_documented_ones_and_seen(nvfp4_results):
+    seen = {r["inside_class"] for r in nvfp4_results} | {r["dry_class"] for r in nvfp4_results}
+    assert seen <= {"agree", *DELIBERATE}
+    assert "request_fallback_warns" in seen
+    picked = {r["vllm"].backend for r in nvfp4_results if r["vllm"].error is None}
+    assert picked >= {"FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "MARLIN", "EMULATION"}

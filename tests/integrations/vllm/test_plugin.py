@@ -22,6 +22,7 @@ pytest.importorskip("vllm")
 import vllm.plugins
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as nvfp4_oracle
 from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
 from vllm.model_executor.layers.quantization import fp8 as fp8_method
 from vllm.model_executor.layers.quantization import mxfp4 as mxfp4_method
@@ -34,6 +35,7 @@ from tests.integrations.vllm.harness import MODELS, Case, faked_platform, moe_co
 VLLM_SELECT = oracle.select_unquantized_moe_backend
 VLLM_SELECT_FP8 = fp8_method.select_fp8_moe_backend
 VLLM_SELECT_MXFP4 = mxfp4_method.select_mxfp4_moe_backend
+VLLM_SELECT_NVFP4 = nvfp4_oracle.select_nvfp4_moe_backend
 ENTRY = "moe_policy.integrations.vllm.plugin:register"
 #: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
 NEMOTRON_LORA = Case(
@@ -76,6 +78,9 @@ def clean(monkeypatch) -> Iterator[None]:
     for name in plugin.MXFP4_CALLERS:
         if name in sys.modules:
             sys.modules[name].select_mxfp4_moe_backend = VLLM_SELECT_MXFP4
+    for name in plugin.NVFP4_CALLERS:
+        if name in sys.modules:
+            sys.modules[name].select_nvfp4_moe_backend = VLLM_SELECT_NVFP4
     STATE.selectors.clear()
 
 
@@ -315,3 +320,12 @@ def test_a_gpt_oss_layer_is_decided_through_the_policy(monkeypatch, tmp_path):
     record = json.loads(line)
     assert record["backend"] == "flashinfer_trtllm"
     assert record["context"]["model.quantization"]["value"] == "mxfp4"
+
+
+def test_the_nvfp4_selector_is_installed_where_vllm_calls_it(monkeypatch):
+    from vllm.model_executor.layers.quantization import modelopt
+
+    load_plugins(monkeypatch)
+    installed = modelopt.select_nvfp4_moe_backend
+    assert getattr(installed, plugin.MARK) is True
+    assert nvfp4_oracle.select_nvfp4_moe_backend is installed
