@@ -6,8 +6,9 @@ count; ``kind: "agreement"`` lines are skipped) or single decision records
 two files holding one record each are compared directly. Per layer it prints the
 backend, fingerprint, every context key whose value differs (each side's value and
 origin), the request and its origin, the policy file hashes and the rules that
-differ. Exit codes: 0 identical, 1 different, 2 bad input (names ``file:PATH:LINE``; a
-line whose fields ``diff`` reads have the wrong types is bad input too).
+differ, fitted to the terminal's width. Exit codes: 0 identical, 1 different, 2 bad
+input (names ``file:PATH:LINE``; a line whose fields ``diff`` reads have the wrong types
+is bad input too).
 """
 
 from __future__ import annotations

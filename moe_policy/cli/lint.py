@@ -1,6 +1,8 @@
 """``moe-policy lint FILE...``: findings with severity, code, message and file:line:col.
 
-``--format`` picks the output: ``text`` (a table, the default), ``json`` (also ``--json``),
+``--format`` picks the output: ``text`` (a table laid out for the terminal's width, the
+default: where the message has too little room beside a finding it goes under its row),
+``json`` (also ``--json``),
 ``lines`` (``PATH:LINE:COL: SEVERITY: MESSAGE [CODE]`` for editors), ``github`` (GitHub
 Actions annotations) or ``sarif`` (SARIF 2.1.0); see ``moe_policy.lint.formats``.
 Exit 1 when any error is found, 0 otherwise (warnings alone pass).
@@ -65,12 +67,44 @@ def run(args: argparse.Namespace) -> int:
     if args.format in RENDERERS:
         sys.stdout.write(RENDERERS[args.format](findings, args.files))
     else:
-        from moe_policy.cli.table import WIDTH, table
+        from moe_policy.cli.terminal import output_width
 
         if findings:
             rows = [(f.location, f.severity, f.code, f.message) for f in findings]
-            fixed = max(len(r[0]) for r in rows) + 8 + max(len(r[2]) for r in rows) + 6
-            widths = (None, 8, None, max(WIDTH - fixed, 30))
-            print(table(rows, ("location", "severity", "code", "message"), widths))
+            print(render_text(rows, output_width(sys.stdout)))
         print(summary(len(args.files), errors, warnings))
     return EXIT_LINT_ERROR if errors else EXIT_OK
+
+
+#: The text table's columns; the message is the last.
+HEADERS = ("location", "severity", "code", "message")
+#: The narrowest message column beside its row; narrower, the message goes under the row.
+MESSAGE_MIN = 30
+#: How far a message under its row is indented.
+UNDER_INDENT = 4
+#: A line width no message reaches (``width=None``: nothing wraps).
+UNWRAPPED = 10**9
+
+
+def render_text(
+    rows: list[tuple[str, str, str, str]], width: int | None, beside: bool | None = None
+) -> str:
+    """The findings as a table for ``width`` columns (None: unwrapped). The location,
+    severity and code are never wrapped; the message wraps beside them where that leaves it
+    ``MESSAGE_MIN`` columns, else (or where ``beside`` is false) it goes on the lines under
+    its row."""
+    from moe_policy.cli.table import GAP, fill, table
+
+    fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS[:3]))
+    room = None if width is None else width - fixed - GAP * 3
+    if beside is None:
+        beside = room is None or room >= MESSAGE_MIN
+    if beside:
+        return table(rows, HEADERS, (None, None, None, room))
+    lines = table([r[:3] for r in rows], HEADERS[:3]).splitlines()
+    out = lines[:2]
+    pad = " " * UNDER_INDENT
+    for line, finding in zip(lines[2:], rows, strict=True):
+        out.append(line)
+        out.append(fill(pad + finding[3], width or UNWRAPPED, UNDER_INDENT))
+    return "\n".join(out)

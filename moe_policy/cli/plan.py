@@ -3,7 +3,9 @@
 ``--from`` and ``--to`` each name a policy set: policy files (repeatable, in order), a
 bundled profile name (``strict``, ``audit``, ``prefer-trtllm-lora``) or
 ``git:REV:PATH`` (read with ``git show``, no checkout). Every deployment x platform x
-layer kind of the matrix is decided under both; only what changes is printed.
+layer kind of the matrix is decided under both; only what changes is printed (the table
+fits the terminal: with too little room for a change beside its deployment, the changes go
+under a row per deployment).
 Exit 0: nothing changes, 1: something does, 2: bad input.
 """
 
@@ -109,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "markdown":
         text = render_markdown(result, labels)
     else:
-        text = render_table(result, labels)
+        from moe_policy.cli.terminal import output_width
+
+        text = render_table(result, labels, output_width(sys.stdout))
     sys.stdout.write(text)
     sys.stdout.flush()
     return 1 if result.changed else 0
@@ -134,11 +138,33 @@ def _summary(result: Any) -> str:
     )
 
 
-def render_table(result: Any, labels: tuple[str, str]) -> str:
-    """The human table: one row per change."""
-    from moe_policy.cli.table import table
+#: The table's columns; a change is one row.
+HEADERS = ("deployment", "platform", "layer", "change", "old -> new", "because")
+#: The narrowest each of the last two columns may be beside the others; with less room
+#: each change goes on a line under its deployment's row.
+CHANGE_MIN = 30
+#: How far a change under its deployment's row is indented.
+UNDER_INDENT = 4
 
-    lines = [f"moe-policy plan: {labels[0]} -> {labels[1]}", _summary(result)]
+
+def _change_text(change: Any) -> str:
+    refs = _refs(change)
+    text = f"{change.field}: {_value(change.old)} -> {_value(change.new)}"
+    return text if refs == "-" else f"{text}; because {refs}"
+
+
+def render_table(
+    result: Any, labels: tuple[str, str], width: int | None = None, stacked: bool | None = None
+) -> str:
+    """The human text for ``width`` columns (None: unwrapped): one table row per change
+    where the old and new values and the rules fit beside the deployment, else (or where
+    ``stacked``) one row per deployment x platform x layer with its changes under it."""
+    from moe_policy.cli.table import GAP, fill, table
+
+    head = [f"moe-policy plan: {labels[0]} -> {labels[1]}", _summary(result)]
+    if width is not None:
+        head = [fill(line, width, 2) for line in head]
+    lines = [*head]
     if result.cells:
         rows = [
             [
@@ -152,10 +178,22 @@ def render_table(result: Any, labels: tuple[str, str]) -> str:
             for cell in result.cells
             for change in cell.changes
         ]
+        fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS[:4]))
+        if stacked is None:
+            stacked = width is not None and width - fixed - GAP * 5 < 2 * CHANGE_MIN
         lines.append("")
-        lines.append(
-            table(rows, ["deployment", "platform", "layer", "change", "old -> new", "because"])
-        )
+        if not stacked:
+            lines.append(table(rows, HEADERS, total=width))
+        else:
+            keys = [[cell.deployment, cell.platform, cell.layer] for cell in result.cells]
+            keyed = table(keys, HEADERS[:3]).splitlines()
+            lines.extend(keyed[:2])
+            pad = " " * UNDER_INDENT
+            for line, cell in zip(keyed[2:], result.cells, strict=True):
+                lines.append(line)
+                for change in cell.changes:
+                    text = pad + _change_text(change)
+                    lines.append(text if width is None else fill(text, width, UNDER_INDENT + 2))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

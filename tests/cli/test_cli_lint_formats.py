@@ -202,10 +202,15 @@ def test_a_broken_sarif_log_fails_the_schema(sarif_validator):
 
 
 def test_text_keeps_the_table_and_the_summary():
-    run = run_cli("lint", STRUCTURAL)
+    """With room for the messages beside the findings the table has four columns; with
+    less, each message goes under its finding's row."""
+    run = run_cli("lint", STRUCTURAL, env={"COLUMNS": "160"})
     assert run.returncode == 1
     assert run.stdout.splitlines()[0].split()[:4] == ["location", "severity", "code", "message"]
     assert run.stdout.rstrip().splitlines()[-1].startswith("1 file checked: ")
+    narrow = run_cli("lint", STRUCTURAL, env={"COLUMNS": "80"}).stdout.splitlines()
+    assert narrow[0].split() == ["location", "severity", "code"]
+    assert narrow[3].startswith("    unknown key 'moed'")
 
 
 # -- the pre-commit hook -------------------------------------------------------------------
