@@ -5,6 +5,7 @@
 - Exit 2 prints exactly one line that is not a JSON event, ``moe-policy: error: ORIGIN: ...``
   where ORIGIN names the file, variable or flag (``file:PATH[:LINE:COL]``, ``env:NAME``,
   ``cli:--flag``, ``cli:COMMAND`` for a positional argument, ...).
+- Exit 0 leaves stderr to JSON events (stderr is not a terminal), nothing else.
 - No traceback, no hang, peak resident memory under :data:`PEAK_MB`.
 - The secret in every case's environment appears in no output and no file the run wrote.
 """
@@ -71,6 +72,10 @@ def violations(outcome: Outcome) -> list[str]:
             found.append(f"exit 2 with {len(lines)} error lines: {lines[:3]!r}")
         elif not ERROR_LINE.match(lines[0]):
             found.append(f"error line without an origin: {lines[0][:300]!r}")
+    if outcome.rc == 0 and "--log-format" not in outcome.case.argv:
+        stray = error_lines(outcome.stderr)  # not a terminal: events are JSON lines
+        if stray:
+            found.append(f"exit 0 with stderr lines that are not JSON events: {stray[:2]!r}")
     if outcome.peak_kb > PEAK_MB * 1024:
         found.append(f"peak memory {outcome.peak_kb // 1024} MB")
     if SECRET_VALUE in outcome.stdout + outcome.stderr:

@@ -21,7 +21,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
-from tests.fuzz.contract import failure_class, violations
+from tests.fuzz.contract import error_lines, failure_class, violations
 from tests.fuzz.generators import GENERATORS, crafted_cases
 from tests.fuzz.pool import Case, Outcome, Worker, run_console_script
 
@@ -105,6 +105,10 @@ def report(outcomes: list[Outcome], seconds: float) -> int:
     )
     print(f"slowest case: {slowest.seconds:.2f} s ({slowest.case.kind}: {slowest.case.note})")
     print(f"descriptors left open after a case: {sum(o.fd_leak > 0 for o in outcomes)} cases")
+    stray = Counter(line[:70] for o in outcomes if o.rc in (0, 1) for line in error_lines(o.stderr))
+    print(f"stderr lines that are not JSON events on exit 0 or 1: {sum(stray.values())}")
+    for line, n in stray.most_common(3):
+        print(f"  {n:5} x {line}")
     bombs = [o for o in outcomes if "bomb" in o.case.note or "laughs" in o.case.note]
     if bombs:
         worst = max(bombs, key=lambda o: o.seconds)
