@@ -13,7 +13,7 @@ from typing import Any
 
 from moe_policy.core import paths, quantization
 from moe_policy.core.origin import Origin
-from moe_policy.core.values import parse_bool, parse_int, shown
+from moe_policy.core.values import parse_bool, parse_int, parse_str, shown
 from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError, did_you_mean
 
@@ -330,9 +330,14 @@ def _routing(
     scoring = reader.first(("scoring_func",))
     topk_method = reader.first(("topk_method",))
     groups = reader.first(("n_group",))
+    for hit, what in ((scoring, "scoring function"), (topk_method, "top-k method")):
+        if hit is not None:
+            _typed(parse_str, hit, what)
+    if groups is not None:
+        _typed(parse_int, groups, "expert group count", minimum=1)
     if model_type in ("llama4", "llama4_text"):
         return "llama4", reader.first(("model_type",))[2]  # type: ignore[index]
-    if topk_method is not None and str(topk_method[1]) == "noaux_tc":
+    if topk_method is not None and topk_method[1] == "noaux_tc":
         return "deepseek_v3", topk_method[2]
     if model_type == "nemotron_h" or (
         groups is not None and scoring is not None and scoring[1] == "sigmoid"

@@ -58,6 +58,13 @@ def parse_bool(value: Any) -> bool:
     raise ValueError(f"expected a boolean (true or false, unquoted), got {shown(value)}")
 
 
+def parse_str(value: Any) -> str:
+    """A typed string: not a number, a list or a mapping read through ``str()``."""
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"expected a string, got {shown(value)}")
+
+
 def bool_from_text(text: str) -> bool:
     """A boolean written as text: ``true``/``false``/``1``/``0`` (any case), nothing else.
 

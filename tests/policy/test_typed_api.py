@@ -91,6 +91,10 @@ BASE = {"num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 64, "moe_inte
         ({"architectures": [7]}, r"architectures: expected a list of class names"),
         ({"model_type": ["mixtral"]}, r"model_type: expected a string"),
         ({"quantization_config": "fp8"}, r"quantization_config: expected a mapping .*'fp8'"),
+        ({"scoring_func": ["sigmoid"]}, r"scoring_func: scoring function: expected a string"),
+        ({"topk_method": 1}, r"topk_method: top-k method: expected a string, got 1"),
+        ({"n_group": "8"}, r"n_group: expert group count: expected an integer"),
+        ({"n_group": 0}, r"n_group: expert group count: must be at least 1"),
         (
             {"moe_intermediate_size": None, "intermediate_size": 14336},
             r"moe_intermediate_size: the expert intermediate size is null",
