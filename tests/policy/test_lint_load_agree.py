@@ -71,20 +71,13 @@ WHEN = st.lists(KEYS.flatmap(lambda k: st.tuples(st.just(k), _condition(k))), ma
 
 
 def _outcomes(when: dict[str, Any]) -> tuple[list[str], Any]:
-    text = yaml.safe_dump(
-        {
-            "version": 1,
-            "rules": [
-                {
-                    "id": "r",
-                    "when": when,
-                    "effect": "forbid",
-                    "backends": ["triton"],
-                    "reason": "x",
-                }
-            ],
-        }
-    )
+    rule = {"id": "r", "when": when, "effect": "forbid", "backends": ["triton"], "reason": "x"}
+    return _lint_and_load({"version": 1, "rules": [rule]})
+
+
+def _lint_and_load(document: dict[str, Any]) -> tuple[list[str], Any]:
+    """(lint's errors about loading, the loaded settings or the loader's PolicyError)."""
+    text = yaml.safe_dump(document)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "policy.yaml"
         path.write_text(text)
@@ -142,3 +135,34 @@ def test_every_operand_the_validator_accepts_evaluates_on_every_value_of_its_key
                     for value in (*_valid_values(key), None):
                         assert isinstance(condition.test(value), bool), (key, op, operand, value)
     assert accepted > 500  # the pool is not all refused
+
+
+#: Values for the top-level settings: the hostile pool, each setting's good values, near misses.
+SETTING = st.sampled_from(
+    [*HOSTILE, "warn", "strict", "error", "auto", "triton", "a.jsonl", " ", ["triton"], ["tritn"]]
+)
+DOCUMENTS = st.fixed_dictionaries(
+    {},
+    optional={
+        "version": st.one_of(st.just(1), SETTING),
+        "mode": SETTING,
+        "consistency": SETTING,
+        "backend": SETTING,
+        "audit": st.one_of(
+            SETTING, st.fixed_dictionaries({}, optional={"path": SETTING, "required": SETTING})
+        ),
+        "priority": st.dictionaries(st.sampled_from(["cuda", "rocm", "gpu"]), SETTING, max_size=2),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=DOCUMENTS)
+def test_settings_lint_clean_exactly_when_the_file_loads(document):
+    """The same for the top-level settings (version, mode, audit, priority lists...)."""
+    errors, loaded = _lint_and_load(document)
+    if isinstance(loaded, PolicyError):
+        assert errors, f"lint passed a file the loader refuses: {loaded}"
+        assert str(loaded) == errors[0]
+    else:
+        assert errors == [], f"lint refused a file that loads: {errors}"
