@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from moe_policy.core.state import STATE
+from moe_policy.core.values import capability_from_text
 
 #: Packages the catalog may require; probed on the local machine.
 KNOWN_PACKAGES = ("torch", "triton", "flashinfer", "aiter", "vllm", "deep_ep")
@@ -93,6 +94,12 @@ def probe() -> PlatformFacts:
             continue
         if found is not None:
             platform, cap, name = found
+            if cap is not None:
+                try:
+                    cap = capability_from_text(cap)
+                except ValueError as exc:  # e.g. nvidia-smi's "[N/A]": unknown, reported
+                    problems.append(f"{step.__name__}: {exc}")
+                    cap = None
             return PlatformFacts(platform, cap, name, packages, "probe", tuple(problems))
     import shutil
 

@@ -166,3 +166,17 @@ def test_pinned_platform_facts_are_typed(facts, message):
     """Facts a caller pins instead of the probe are checked like the keywords."""
     with pytest.raises(PolicyError, match=message):
         Selector(NEMOTRON, environ={}, platform=facts)
+
+
+@pytest.mark.parametrize(("reported", "expected"), [("9.0", "9.0"), ("[N/A]", None), ("9", None)])
+def test_a_probed_capability_that_is_not_major_minor_is_unknown_and_reported(
+    monkeypatch, reported, expected
+):
+    """The probe never fails a selection: a capability it cannot read is None, with a problem."""
+    from moe_policy.core import platform
+
+    monkeypatch.setattr(platform, "_probe_torch_device", lambda: None)
+    monkeypatch.setattr(platform, "_probe_nvidia_smi", lambda: ("cuda", reported, "NVIDIA H200"))
+    facts = platform.probe()
+    assert facts.capability == expected
+    assert bool(facts.problems) is (expected is None)
