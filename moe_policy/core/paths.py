@@ -24,4 +24,5 @@ def display_name(path: Path) -> str:
 
 def bundled(folder: Path, suffix: str) -> dict[str, Path]:
     """The bundled files of ``folder`` by name (file name without ``suffix``), sorted."""
-    return {p.name.removesuffix(suffix): p for p in sorted(folder.glob(f"*{suffix}"))}
+    found = {p.name.removesuffix(suffix): p for p in folder.glob(f"*{suffix}")}
+    return {name: found[name] for name in sorted(found)}  # by name: a-b after a

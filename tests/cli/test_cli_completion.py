@@ -66,8 +66,9 @@ def test_bash_completes_commands_options_and_values(bash_script, words, expected
 
 def test_bash_completes_file_names_where_a_path_goes(bash_script):
     """--model, --policy and lint's files complete file names."""
-    assert complete(bash_script, "explain", "--model", "configs/models/qwen3") == [
-        "configs/models/qwen3-30b-a3b.json"
+    assert sorted(complete(bash_script, "explain", "--model", "configs/models/qwen3")) == [
+        "configs/models/qwen3-30b-a3b-nvfp4.json",
+        "configs/models/qwen3-30b-a3b.json",
     ]
     assert "configs/default.yaml" in complete(bash_script, "lint", "configs/def")
     assert complete(bash_script, "explain", "--policy", "configs/profiles/stri") == [
