@@ -133,7 +133,8 @@ def matrix(
 ) -> str:
     """The catalog in ``layout`` (default: :func:`layout_for` ``width``), wrapped to
     ``width`` columns (None: unwrapped)."""
-    from moe_policy.cli.table import table, wrap
+    from moe_policy.cli.lines import fit
+    from moe_policy.cli.table import table
 
     rows = [row(spec, catalog) for spec in specs]
     layout = layout or layout_for(rows, width)
@@ -146,7 +147,7 @@ def matrix(
             out.append(cells[0])
             facts = [f"{HEADERS[i]}: {cells[i]}" for i in SHORT[1:3]]
             facts.append(", ".join(f"{HEADERS[i]}: {cells[i]}" for i in SHORT[3:]))
-            out.extend(wrap(pad + line, width) for line in [*facts, *_under(spec)])
+            out.extend(fit(pad + line, width) for line in [*facts, *_under(spec)])
         return "\n".join(out)
     short = [[r[i] for i in SHORT] for r in rows]
     lines = table(short, [HEADERS[i] for i in SHORT], total=width).splitlines()
@@ -156,7 +157,7 @@ def matrix(
     for n, start in enumerate(starts):
         stop = starts[n + 1] if n + 1 < len(starts) else len(lines)
         out.extend(lines[start:stop])
-        out.extend(wrap(pad + line, width) for line in _under(specs[n]))
+        out.extend(fit(pad + line, width) for line in _under(specs[n]))
     return "\n".join(out)
 
 
@@ -187,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
 def render(catalog: Catalog, width: int | None, layout: str | None = None) -> str:
     """The human text: heading, matrix and notes, laid out for ``width`` columns (None:
     unwrapped); ``layout`` (one of :data:`LAYOUTS`) overrides the one ``width`` picks."""
-    from moe_policy.cli.table import fill, heading
+    from moe_policy.cli.lines import fit
+    from moe_policy.cli.table import heading
     from moe_policy.core import paths
 
     title = heading(
@@ -203,5 +205,5 @@ def render(catalog: Catalog, width: int | None, layout: str | None = None) -> st
         f"LoRA if ...: {s.name} through {s.lora_experts_class}, where its catalog conditions hold"
         for s in conditional
     )
-    lines.extend(note if width is None else fill(note, width, indent=2) for note in notes)
+    lines.extend(fit(note, width) for note in notes)
     return "\n".join(lines)

@@ -335,12 +335,12 @@ def _value(item: Any) -> str:
 
 def render(result: Mapping[str, Any], width: int | None = None) -> str:
     """The human-readable report for ``width`` columns (None: unwrapped): a line that does
-    not fit wraps at spaces, and a difference whose two sides do not fit one line puts
-    each side on a line of its own under the name."""
+    not fit wraps at spaces (a path or identifier is never split), and a difference whose
+    two sides do not fit one line puts each side on a line of its own under the name."""
     text = _report(result)
     if width is None:
         return text
-    from moe_policy.cli.table import wrap
+    from moe_policy.cli.lines import fit
 
     out = []
     for line in text.splitlines():
@@ -349,10 +349,10 @@ def render(result: Mapping[str, Any], width: int | None = None) -> str:
         if len(line) > width and line.startswith("  ") and sep and bar:
             out.append(f"{name}:")
             out.extend(
-                wrap(f"    {side} {value}", width) for side, value in (("A", side_a), ("B", side_b))
+                fit(f"    {side} {value}", width) for side, value in (("A", side_a), ("B", side_b))
             )
         else:
-            out.append(wrap(line, width))
+            out.append(fit(line, width))
     return "\n".join(out)
 
 

@@ -82,8 +82,6 @@ HEADERS = ("location", "severity", "code", "message")
 MESSAGE_MIN = 30
 #: How far a message under its row is indented.
 UNDER_INDENT = 4
-#: A line width no message reaches (``width=None``: nothing wraps).
-UNWRAPPED = 10**9
 
 
 def render_text(
@@ -91,14 +89,16 @@ def render_text(
 ) -> str:
     """The findings as a table for ``width`` columns (None: unwrapped). The location,
     severity and code are never wrapped; the message wraps beside them where that leaves it
-    ``MESSAGE_MIN`` columns, else (or where ``beside`` is false) it goes on the lines under
-    its row."""
-    from moe_policy.cli.table import GAP, fill, table
+    ``MESSAGE_MIN`` columns and its longest word, else (or where ``beside`` is false) it goes
+    on the lines under its row. No word (a path, an identifier) is ever split."""
+    from moe_policy.cli.lines import fit
+    from moe_policy.cli.table import GAP, table
 
     fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS[:3]))
     room = None if width is None else width - fixed - GAP * 3
     if beside is None:
-        beside = room is None or room >= MESSAGE_MIN
+        longest = max(len(word) for r in rows for word in r[3].split() or [""])
+        beside = room is None or room >= max(MESSAGE_MIN, longest)
     if beside:
         return table(rows, HEADERS, (None, None, None, room))
     lines = table([r[:3] for r in rows], HEADERS[:3]).splitlines()
@@ -106,5 +106,5 @@ def render_text(
     pad = " " * UNDER_INDENT
     for line, finding in zip(lines[2:], rows, strict=True):
         out.append(line)
-        out.append(fill(pad + finding[3], width or UNWRAPPED, UNDER_INDENT))
+        out.append(fit(pad + " ".join(finding[3].splitlines()), width, hang=0))
     return "\n".join(out)

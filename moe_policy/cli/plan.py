@@ -153,18 +153,25 @@ def _change_text(change: Any) -> str:
     return text if refs == "-" else f"{text}; because {refs}"
 
 
+def _longest_word(cells: list[str]) -> int:
+    return max((len(word) for cell in cells for word in cell.split()), default=1)
+
+
 def render_table(
     result: Any, labels: tuple[str, str], width: int | None = None, stacked: bool | None = None
 ) -> str:
     """The human text for ``width`` columns (None: unwrapped): one table row per change
-    where the old and new values and the rules fit beside the deployment, else (or where
-    ``stacked``) one row per deployment x platform x layer with its changes under it."""
-    from moe_policy.cli.table import GAP, fill, table
+    where the old and new values and the rules fit beside the deployment (``CHANGE_MIN``
+    columns each, and their longest word), else (or where ``stacked``) one row per
+    deployment x platform x layer with its changes under it. No word (a path, a rule id, a
+    backend) is ever split."""
+    from moe_policy.cli.lines import fit
+    from moe_policy.cli.table import GAP, table
 
-    head = [f"moe-policy plan: {labels[0]} -> {labels[1]}", _summary(result)]
-    if width is not None:
-        head = [fill(line, width, 2) for line in head]
-    lines = [*head]
+    lines = [
+        fit(f"moe-policy plan: {labels[0]} -> {labels[1]}", width),
+        fit(_summary(result), width),
+    ]
     if result.cells:
         rows = [
             [
@@ -179,11 +186,19 @@ def render_table(
             for change in cell.changes
         ]
         fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS[:4]))
+        room = None if width is None else width - fixed - GAP * 5
+        olds, becauses = [r[4] for r in rows], [r[5] for r in rows]
+        least = [max(CHANGE_MIN, _longest_word(olds)), max(CHANGE_MIN, _longest_word(becauses))]
         if stacked is None:
-            stacked = width is not None and width - fixed - GAP * 5 < 2 * CHANGE_MIN
+            stacked = room is not None and room < sum(least)
         lines.append("")
         if not stacked:
-            lines.append(table(rows, HEADERS, total=width))
+            limits: list[int | None] = [None] * len(HEADERS)
+            natural = [max(len(c) for c in olds), max(len(c) for c in becauses)]
+            if room is not None and sum(natural) > room:
+                because = min(natural[1], max(least[1], room - natural[0], room // 2))
+                limits[4:] = [min(natural[0], room - because), because]
+            lines.append(table(rows, HEADERS, limits))
         else:
             keys = [[cell.deployment, cell.platform, cell.layer] for cell in result.cells]
             keyed = table(keys, HEADERS[:3]).splitlines()
@@ -191,9 +206,7 @@ def render_table(
             pad = " " * UNDER_INDENT
             for line, cell in zip(keyed[2:], result.cells, strict=True):
                 lines.append(line)
-                for change in cell.changes:
-                    text = pad + _change_text(change)
-                    lines.append(text if width is None else fill(text, width, UNDER_INDENT + 2))
+                lines.extend(fit(pad + _change_text(change), width) for change in cell.changes)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
