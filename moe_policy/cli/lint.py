@@ -1,7 +1,8 @@
 """``moe-policy lint FILE...``: findings with severity, code, message and file:line:col.
 
 ``--format`` picks the output: ``text`` (a table laid out for the terminal's width, the
-default: where the message has too little room beside a finding it goes under its row),
+default: where the message has too little room beside a finding it goes under its row;
+narrower still, each finding is a block of its own),
 ``json`` (also ``--json``),
 ``lines`` (``PATH:LINE:COL: SEVERITY: MESSAGE [CODE]`` for editors), ``github`` (GitHub
 Actions annotations) or ``sarif`` (SARIF 2.1.0); see ``moe_policy.lint.formats``.
@@ -84,26 +85,49 @@ MESSAGE_MIN = 30
 UNDER_INDENT = 4
 
 
+#: The text layouts, widest first: the message beside its finding; a table of location,
+#: severity and code with each message under its row; one block per finding, no table.
+LAYOUTS = ("table", "stacked", "blocks")
+
+
+def layout_for(rows: list[tuple[str, str, str, str]], width: int | None) -> str:
+    """The widest layout of :data:`LAYOUTS` that fits ``width`` columns (None: no limit):
+    the message goes beside its finding where that leaves it ``MESSAGE_MIN`` columns and
+    its longest word."""
+    from moe_policy.cli.table import GAP
+
+    if width is None:
+        return "table"
+    fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS[:3]))
+    longest = max(len(word) for r in rows for word in r[3].split() or [""])
+    if width - fixed - GAP * 3 >= max(MESSAGE_MIN, longest):
+        return "table"
+    return "stacked" if fixed + GAP * 2 <= width else "blocks"
+
+
 def render_text(
-    rows: list[tuple[str, str, str, str]], width: int | None, beside: bool | None = None
+    rows: list[tuple[str, str, str, str]], width: int | None, layout: str | None = None
 ) -> str:
-    """The findings as a table for ``width`` columns (None: unwrapped). The location,
-    severity and code are never wrapped; the message wraps beside them where that leaves it
-    ``MESSAGE_MIN`` columns and its longest word, else (or where ``beside`` is false) it goes
-    on the lines under its row. No word (a path, an identifier) is ever split."""
+    """The findings for ``width`` columns (None: unwrapped) in ``layout`` (default:
+    :func:`layout_for`). A location, severity or code is never wrapped, and no word of a
+    message (a path, an identifier) is ever split."""
     from moe_policy.cli.lines import fit
     from moe_policy.cli.table import GAP, table
 
-    fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS[:3]))
-    room = None if width is None else width - fixed - GAP * 3
-    if beside is None:
-        longest = max(len(word) for r in rows for word in r[3].split() or [""])
-        beside = room is None or room >= max(MESSAGE_MIN, longest)
-    if beside:
+    layout = layout or layout_for(rows, width)
+    pad = " " * UNDER_INDENT
+    if layout == "table":
+        fixed = sum(max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS[:3]))
+        room = None if width is None else width - fixed - GAP * 3
         return table(rows, HEADERS, (None, None, None, room))
+    if layout == "blocks":
+        out = []
+        for location, severity, code, message in rows:
+            out.append(fit(f"{location}  {severity}  {code}", width))
+            out.append(fit(pad + " ".join(message.splitlines()), width, hang=0))
+        return "\n".join(out)
     lines = table([r[:3] for r in rows], HEADERS[:3]).splitlines()
     out = lines[:2]
-    pad = " " * UNDER_INDENT
     for line, finding in zip(lines[2:], rows, strict=True):
         out.append(line)
         out.append(fit(pad + " ".join(finding[3].splitlines()), width, hang=0))

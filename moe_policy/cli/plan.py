@@ -196,7 +196,9 @@ def render_table(
             limits: list[int | None] = [None] * len(HEADERS)
             natural = [max(len(c) for c in olds), max(len(c) for c in becauses)]
             if room is not None and sum(natural) > room:
-                because = min(natural[1], max(least[1], room - natural[0], room // 2))
+                because = min(
+                    natural[1], max(least[1], room - natural[0], room // 2), room - least[0]
+                )
                 limits[4:] = [min(natural[0], room - because), because]
             lines.append(table(rows, HEADERS, limits))
         else:

@@ -110,8 +110,8 @@ def findings() -> tuple[list[tuple[str, str, str, str]], str]:
     return rows, summary(len(LINT_FILES), *counts(found))
 
 
-@pytest.mark.parametrize(("columns", "beside"), [(80, False), (160, True)])
-def test_lint_text_fits_the_terminal_and_splits_no_location(findings, columns, beside) -> None:
+@pytest.mark.parametrize(("columns", "layout"), [(80, "stacked"), (160, "table")])
+def test_lint_text_fits_the_terminal_and_splits_no_location(findings, columns, layout) -> None:
     """80 columns: each message under its finding's row; 160: beside it. Each location is
     printed whole on the line of its severity and code."""
     from moe_policy.cli.lint import render_text
@@ -119,9 +119,11 @@ def test_lint_text_fits_the_terminal_and_splits_no_location(findings, columns, b
     rows, total = findings
     lines = terminal("lint", *LINT_FILES, columns=columns)
     assert_fits(lines, columns)
-    expected = render_text(rows, None, beside) + "\n" + total
+    expected = render_text(rows, None, layout) + "\n" + total
     assert words("\n".join(lines)) == words(expected)
-    assert (lines[0].split()[-1] == "message") is beside
+    assert lines[0].split() == (
+        ["location", "severity", "code"] + ["message"] * (layout == "table")
+    )
     for location, severity, code, _message in rows:
         assert any(line.split()[:3] == [location, severity, code] for line in lines), location
     # a path inside a message stays whole too
@@ -293,3 +295,68 @@ def test_diff_json_does_not_depend_on_the_width(records) -> None:
     runs = [run_cli("diff", "--json", str(a), str(b), env={"COLUMNS": c}) for c in ("60", "160")]
     assert runs[0].stdout == runs[1].stdout
     assert json.loads(runs[0].stdout)["identical"] is False
+
+
+# -- every width from the narrowest to the widest ---------------------------------------------
+
+WIDTHS = range(60, 161)
+
+
+def test_backends_every_width_fits_and_keeps_its_words() -> None:
+    from moe_policy.cli.backends import layout_for, render, row
+    from moe_policy.core.catalog import load_catalog
+
+    catalog = load_catalog()
+    rows = [row(spec, catalog) for spec in catalog]
+    seen = set()
+    for width in WIDTHS:
+        layout = layout_for(rows, width)
+        seen.add(layout)
+        text = render(catalog, width)
+        assert_fits(text.splitlines(), width)
+        assert words(text) == words(render(catalog, None, layout)), width
+    assert seen == {"matrix", "stacked", "blocks"}
+
+
+def test_lint_every_width_fits_and_keeps_its_words(findings) -> None:
+    from moe_policy.cli.lint import layout_for, render_text
+
+    rows, _ = findings
+    seen = set()
+    for width in WIDTHS:
+        layout = layout_for(rows, width)
+        seen.add(layout)
+        text = render_text(rows, width)
+        assert_fits(text.splitlines(), width)
+        assert words(text) == words(render_text(rows, None, layout)), width
+        for row in rows:
+            assert on_one_line(text.splitlines(), row[0]), (width, row[0])
+    assert seen == {"table", "stacked", "blocks"}
+
+
+def test_plan_every_width_keeps_long_words_whole() -> None:
+    """A change whose old value is one 50-column word and whose rule origin is a path: at
+    no width is either cut, beside the row or under it."""
+    from moe_policy.cli.plan import render_table
+    from moe_policy.planning import Cell, Change, Outcome, Plan
+
+    long_class = "VeryLongExpertsClassNameThatCannotBeBrokenAnywhere"
+    origin = "file:deploy/policies/hopper.yaml:12:5"
+    outcome = Outcome("triton", "TritonExperts", "auto")
+    change = Change("experts_class", long_class, "TritonExperts", (("hopper-rule", origin),))
+    cells = tuple(
+        Cell(f"mixtral-tp{n}", "mixtral", "NVIDIA H100", "moe", outcome, outcome, (change,))
+        for n in (1, 2)
+    )
+    result = Plan(cells, decided=4, deployments=2, selectors=2)
+    labels = ("configs/default.yaml", "deploy/policies/hopper.yaml")
+    layouts = set()
+    for width in WIDTHS:
+        text = render_table(result, labels, width)
+        lines = text.splitlines()
+        stacked = next(line for line in lines if line.startswith("deployment")).split()[3:] == []
+        layouts.add(stacked)
+        assert_fits(lines, width)
+        assert words(text) == words(render_table(result, labels, None, stacked)), width
+        assert on_one_line(lines, long_class) and on_one_line(lines, f"({origin})")
+    assert layouts == {True, False}
