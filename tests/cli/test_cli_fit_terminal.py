@@ -335,15 +335,16 @@ def test_lint_every_width_fits_and_keeps_its_words(findings) -> None:
 
 
 def test_plan_every_width_keeps_long_words_whole() -> None:
-    """A change whose old value is one 50-column word and whose rule origin is a path: at
-    no width is either cut, beside the row or under it."""
+    """A change whose old value is one 50-column word and whose four rules' origins are
+    paths: at no width is a word cut or a line too wide, beside the row or under it."""
     from moe_policy.cli.plan import render_table
     from moe_policy.planning import Cell, Change, Outcome, Plan
 
     long_class = "VeryLongExpertsClassNameThatCannotBeBrokenAnywhere"
     origin = "file:deploy/policies/hopper.yaml:12:5"
     outcome = Outcome("triton", "TritonExperts", "auto")
-    change = Change("experts_class", long_class, "TritonExperts", (("hopper-rule", origin),))
+    rules = (("hopper-rule", origin), *((f"rule-{n}", f"file:p{n}.yaml:{n}:5") for n in range(3)))
+    change = Change("experts_class", long_class, "TritonExperts", rules)
     cells = tuple(
         Cell(f"mixtral-tp{n}", "mixtral", "NVIDIA H100", "moe", outcome, outcome, (change,))
         for n in (1, 2)
