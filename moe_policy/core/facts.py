@@ -7,6 +7,7 @@ packages, unless ``packages`` is given too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,7 @@ DEFAULTS: Mapping[str, Any] = {
     "device.name": None,
     "cpu.arch": None,
     "cpu.amx": False,
+    "rocm.gfx": None,
     "cpu.amx_fp8": False,
 }
 DRY_RUN_KEYS = ("platform", "device.capability", "device.name")
@@ -169,6 +171,42 @@ def _put_platform(put: Any, facts: PlatformFacts) -> None:
         put("packages", coerce_value("packages", facts.packages, origin), origin)
 
 
+def _vllm_fp8_keys(values: dict[str, Any], origins: dict[str, str], tp_shards: int) -> None:
+    """What vLLM's Hugging Face fp8 method asks its oracle for, from the checkpoint's facts.
+
+    A weight block that does not divide the tensor-parallel shard is refined to the largest
+    common block of at least 32 (``refine_fp8_moe_block_shape``: only Triton takes it);
+    per-tensor activations quantized dynamically are quantized per token under batch
+    invariance (``Fp8MoEMethod``: a per-tensor scale would depend on the batch).
+    """
+    if values.get("model.quantization") != "fp8" or values.get("model.quant.format") != "fp8":
+        return
+    block = values.get("model.quant.block")
+    if values.get("model.quant.weight_scale") == "block" and block:
+        n, k = (int(side) for side in str(block).split("x"))
+        shard = values["model.intermediate_size_per_partition"]
+        if shard % n or (tp_shards > 1 and shard % k):
+            refined = math.gcd(n, k, shard, values["model.hidden_size"])
+            if refined >= 32:
+                values["model.quant.block"] = f"{refined}x{refined}"
+                origins["model.quant.block"] = str(
+                    Origin.derived(
+                        "model.quant.block refined to divide model.intermediate_size_per_partition"
+                    )
+                )
+    if (
+        values.get("model.quant.weight_scale") == "tensor"
+        and values.get("model.quant.activation") == "dynamic_tensor"
+        and values.get("batch_invariant")
+    ):
+        values["model.quant.activation"] = "dynamic_token"
+        origins["model.quant.activation"] = str(
+            Origin.derived(
+                "batch_invariant: per-tensor dynamic activations are quantized per token"
+            )
+        )
+
+
 def _derive(
     values: dict[str, Any], origins: dict[str, str], engine: EngineProfile, request: Any
 ) -> None:
@@ -200,6 +238,8 @@ def _derive(
             else "model.intermediate_size / parallel.tp (1 under expert parallelism)"
         )
     )
+    if engine.vllm_layout:
+        _vllm_fp8_keys(values, origins, tp_shards)
     values["parallel.all2all_active"] = active
     origins["parallel.all2all_active"] = str(Origin.derived(why))
     # vLLM also takes the batched format from an explicit batched_triton request, except
