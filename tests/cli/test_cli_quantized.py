@@ -149,3 +149,23 @@ def test_nvfp4_on_blackwell(args, backend, experts_class):
     assert context["model.quantization"]["value"] == "nvfp4"
     assert context["model.quant.activation"]["value"] == "dynamic_group"
     assert context["model.quantization"]["origin"].startswith(f"file:{NVFP4_REL}:")
+
+
+def test_a_block_that_does_not_divide_the_shard_is_refined_as_vllm_does(tmp_path):
+    """Qwen3-30B-A3B-FP8 at TP 4: 768 / 4 = 192 is no multiple of 128, so vLLM refines the
+    checkpoint's 128x128 blocks to 64x64, which only Triton takes (TRT-LLM would win)."""
+    config = json.loads(Path(QWEN3).read_text())
+    config["quantization_config"] = {  # Qwen/Qwen3-30B-A3B-FP8
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=2))
+    b200 = ("--model", str(path), "--platform", "cuda", "--capability", "10.0")
+    assert explain(*b200)["backend"] == "flashinfer_trtllm"
+    record = explain(*b200, "--tp", "4")
+    assert record["backend"] == "triton"
+    block = record["context"]["model.quant.block"]
+    assert block["value"] == "64x64" and block["origin"].startswith("derived:")

@@ -828,6 +828,7 @@ FP8_BACKENDS = ("triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinf
                 "marlin", "humming", "aiter", "hpc", "batched_triton")  # fmt: skip
 FP8_LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2": dict(tp=2),
+    "tp4": dict(tp=4),  # Qwen3-30B-A3B-FP8's 768 / 4 = 192: vLLM refines its 128x128 blocks
     "ep-tp2": dict(tp=2, ep=True),
     "ep-tp2+eplb": dict(tp=2, ep=True, eplb=True),
     **{
