@@ -8,6 +8,7 @@ decided, for an engine that has it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 from collections.abc import Iterator, Mapping
@@ -170,6 +171,14 @@ class Catalog:
     #: Deployment constraints of the engine that no backend choice can satisfy (e.g. vLLM's
     #: LoRA layer under expert parallelism): a failing one is a PolicyError at selection.
     deployment: tuple[Requirement, ...] = ()
+    #: Backends of the engine's other oracles (vLLM's fp8 ``deep_gemm`` beside its
+    #: unquantized catalog): a policy may name them; they are not candidates here.
+    elsewhere: tuple[str, ...] = ()
+
+    @property
+    def policy_names(self) -> tuple[str, ...]:
+        """The backend names a policy for this catalog's engine may use."""
+        return (*self.backends, *self.elsewhere)
 
     def __iter__(self) -> Iterator[BackendSpec]:
         return iter(self.backends.values())
@@ -405,7 +414,17 @@ def load_catalog(engine: EngineProfile | None = None) -> Catalog:
     key = f"{profile.label}:{profile.quantization}"
     catalog = STATE.catalogs.get(key)
     if catalog is None:
-        catalog = STATE.catalogs[key] = parse_builtin_catalog(profile)
+        catalog = parse_builtin_catalog(profile)
+        if profile.oracles:
+            others = [
+                name
+                for sibling in profile.siblings()
+                if sibling.quantization != profile.quantization
+                for name in parse_builtin_catalog(sibling).names
+                if name not in catalog
+            ]
+            catalog = dataclasses.replace(catalog, elsewhere=tuple(dict.fromkeys(others)))
+        STATE.catalogs[key] = catalog
     return catalog
 
 

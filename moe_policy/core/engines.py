@@ -55,6 +55,22 @@ class EngineProfile:
     def policy_name(self) -> str:
         return paths.display_name(self.policy_path)
 
+    def siblings(self) -> tuple[EngineProfile, ...]:
+        """This engine's profile for every scheme it describes (unquantized first): what a
+        policy for the engine may name, whichever oracle a layer goes to."""
+        if not self.oracles:
+            return (self,)
+        folder = self.catalog_path.parent
+        return tuple(
+            replace(
+                self,
+                catalog_path=folder / ("backends.yaml" if s == "none" else f"{s}-backends.yaml"),
+                policy_path=folder / ("default.yaml" if s == "none" else f"{s}-default.yaml"),
+                quantization=s,
+            )
+            for s in ("none", *self.oracles)
+        )
+
     def for_quantization(self, scheme: str, origin: Origin | str = "default") -> EngineProfile:
         """The profile of this engine's oracle for MoE layers quantized with ``scheme``.
 

@@ -219,7 +219,12 @@ def _require_findings(
             continue
         problems = []
         for platform in values_allowed("platform", rule.conditions, PLATFORMS):
-            reasons = {name: _why_not(rule, catalog.spec(name), platform) for name in rule.backends}
+            reasons = {
+                name: _why_not(rule, catalog.spec(name), platform)
+                if name in catalog
+                else "a backend of another of the engine's oracles"
+                for name in rule.backends
+            }
             alive = [name for name, why in reasons.items() if why is None]
             if not alive:
                 problems.append(

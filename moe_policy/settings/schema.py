@@ -114,9 +114,9 @@ def validate_setting(
                 f"{key}: expected a list of backend names, got {value!r}", origin, key=key
             )
         for name in value:
-            if name not in catalog:
+            if name not in catalog.policy_names:
                 raise PolicyError(
-                    f"{key}: unknown backend {name!r}{did_you_mean(name, catalog.names)}",
+                    f"{key}: unknown backend {name!r}{did_you_mean(name, catalog.policy_names)}",
                     origin,
                     key=key,
                     code="unknown-backend",
@@ -235,7 +235,7 @@ def parse_policy_document(
                 continue
             seen: dict[str, str] = {}
             for index, raw in enumerate(value):
-                rule = parse_rule(raw, at, ("rules", index), catalog.names, sink)
+                rule = parse_rule(raw, at, ("rules", index), catalog.policy_names, sink)
                 if rule is None:
                     continue
                 if rule.id in seen:

@@ -169,3 +169,23 @@ def test_a_block_that_does_not_divide_the_shard_is_refined_as_vllm_does(tmp_path
     assert record["backend"] == "triton"
     block = record["context"]["model.quant.block"]
     assert block["value"] == "64x64" and block["origin"].startswith("derived:")
+
+
+def test_one_policy_serves_every_oracle_and_still_catches_typos(tmp_path):
+    """A fleet's policy names fp8 backends; an unquantized model decided with it is not an
+    error (the rule has nothing to reorder there), a misspelt backend still is."""
+    policy = tmp_path / "fleet.yaml"
+    rule = "  - {id: dg-first, when: {platform: cuda}, effect: prefer, backends: [%s], reason: r}\n"
+    policy.write_text("version: 1\nrules:\n" + rule % "deep_gemm")
+    h200 = ("--platform", "cuda", "--capability", "9.0", "--policy", str(policy))
+    qwen3 = explain("--model", str(Path(QWEN3).relative_to(REPO)), *h200)
+    assert qwen3["backend"] == "triton"
+    assert explain("--model", DEEPSEEK_REL, *h200)["backend"] == "deep_gemm"
+    policy.write_text("version: 1\nrules:\n" + rule % "deep_gem")
+    run = run_cli("explain", "--engine", "vllm", "--model", DEEPSEEK_REL, *h200)
+    assert run.returncode == 2
+    column = (rule % "deep_gem").index("deep_gem") + 1
+    assert run.errors() == [
+        f"moe-policy: error: file:{policy}:3:{column}: rule dg-first: unknown backend "
+        "'deep_gem' (did you mean 'deep_gemm'?)"
+    ]
