@@ -12,6 +12,13 @@ import pytest
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist's workers run with COLUMNS=80 and LINES=24 in their environment, which the
+# console script reads as the terminal's size: the commands a test runs would print an
+# 80-column layout under `pytest -n` and the default one without it. Tests that care about
+# the width set COLUMNS themselves or run in a pseudo-terminal.
+for _size_variable in ("COLUMNS", "LINES"):
+    os.environ.pop(_size_variable, None)
+
 
 def _cuda_available() -> bool:
     try:
