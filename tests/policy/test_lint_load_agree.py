@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from moe_policy.core.catalog import load_catalog
@@ -93,15 +93,17 @@ def _lint_and_load(document: dict[str, Any]) -> tuple[list[str], Any]:
     return errors, loaded
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    derandomize=True, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(when=WHEN)
 def test_lint_clean_exactly_when_the_file_loads(when):
-    """Lint's first error is the loader's error; no error, and the rule loads and each of
+    """Lint reports the loader's error; no error, and the rule loads and each of
     its conditions evaluates on every value its key can take."""
     errors, loaded = _outcomes(when)
     if isinstance(loaded, PolicyError):
         assert errors, f"lint passed a file the loader refuses: {loaded}"
-        assert str(loaded) == errors[0]
+        assert str(loaded) in errors, f"lint did not report the loader's error: {loaded}"
         return
     assert errors == [], f"lint refused a file that loads: {errors}"
     [rule] = [r for r in loaded.rules if r.id == "r"]
@@ -156,13 +158,18 @@ DOCUMENTS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    derandomize=True, max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(document=DOCUMENTS)
+# Two errors at one place (safe_dump writes the shared list once, as an alias): lint
+# reports both, the loader stops at the first it meets.
+@example(document={"version": ["tritn"], "priority": {"cuda": ["tritn"]}})
 def test_settings_lint_clean_exactly_when_the_file_loads(document):
     """The same for the top-level settings (version, mode, audit, priority lists...)."""
     errors, loaded = _lint_and_load(document)
     if isinstance(loaded, PolicyError):
         assert errors, f"lint passed a file the loader refuses: {loaded}"
-        assert str(loaded) == errors[0]
+        assert str(loaded) in errors, f"lint did not report the loader's error: {loaded}"
     else:
         assert errors == [], f"lint refused a file that loads: {errors}"
