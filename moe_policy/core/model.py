@@ -408,6 +408,6 @@ def load_model(path: str | Path, origin: Origin | str | None = None) -> ModelFac
     """Read a config.json / YAML model file (or a model directory, or a bundled model's
     name) into MoE facts."""
     resolved = resolve_model_path(path, origin)
-    shown = str(path) if Path(path) == resolved else str(resolved)
+    shown = str(path) if Path(path) == resolved else paths.shown_path(resolved)
     loaded = load_yaml_file(resolved, display_path=shown)
     return model_facts_from_loaded(loaded)

@@ -22,6 +22,15 @@ def display_name(path: Path) -> str:
     return "configs/" + path.relative_to(CONFIG_DIR).as_posix()
 
 
+def shown_path(path: str | Path) -> str:
+    """How a file is named in origins: ``configs/...`` for a bundled file (a ``--profile``,
+    a bundled model's name), else as given."""
+    candidate = Path(path)
+    if candidate.is_absolute() and candidate.is_relative_to(CONFIG_DIR):
+        return display_name(candidate)
+    return str(path)
+
+
 def bundled(folder: Path, suffix: str) -> dict[str, Path]:
     """The bundled files of ``folder`` by name (file name without ``suffix``), sorted."""
     found = {p.name.removesuffix(suffix): p for p in folder.glob(f"*{suffix}")}

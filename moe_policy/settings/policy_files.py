@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
+from moe_policy.core import paths
 from moe_policy.core.canonical import sha256_hex
 from moe_policy.core.origin import Origin
 from moe_policy.core.problems import ProblemSink
@@ -62,7 +63,8 @@ class PolicyFilesSource(Source):
         return out
 
     def _parse(self, path: str, catalog: Catalog) -> tuple[list[Entry], list[Rule], FileInfo]:
-        loaded = load_yaml_file(path)
+        shown = paths.shown_path(path)
+        loaded = load_yaml_file(path, display_path=shown)
         sink = ProblemSink(strict=True)
         settings, rules = parse_policy_document(loaded, catalog, sink, environ=self.environ)
-        return settings, rules, FileInfo(path, self.layer, True, sha256_hex(loaded.text))
+        return settings, rules, FileInfo(shown, self.layer, True, sha256_hex(loaded.text))

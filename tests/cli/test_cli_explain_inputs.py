@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,17 @@ def test_bundled_profiles_by_name():
         "moe-policy: error: cli:--profile: unknown profile 'stric' (did you mean 'strict'?); "
         "bundled: audit, prefer-trtllm-lora, strict"
     ]
+
+
+def test_bundled_files_are_named_as_in_any_install(tmp_path: Path):
+    """A bundled profile and model named from anywhere show as configs/..., never as the
+    install's own path, in the record and in the report's origins."""
+    args = ("explain", "--model", "qwen3-30b-a3b", *H200, "--profile", "strict")
+    record = run_cli(*args, "--json", cwd=tmp_path)
+    assert record.returncode == 0, record.stderr
+    files = [f["path"] for f in json.loads(record.stdout)["policy"]["files"]]
+    assert files == ["configs/default.yaml", "configs/profiles/strict.yaml"]
+    report = run_cli(*args, cwd=tmp_path)
+    assert "file:configs/profiles/strict.yaml:" in report.stdout
+    assert "<model> = file:configs/models/qwen3-30b-a3b.json" in report.stdout
+    assert "_configs" not in report.stdout + report.stderr
