@@ -259,6 +259,17 @@ def _priority_findings(
             continue
         platform = entry.key.split(".", 1)[1]
         for index, name in enumerate(entry.value):
+            if name not in catalog:  # loading refused unknown names: another oracle's
+                findings.append(
+                    Finding(
+                        "warning",
+                        "priority-unreachable",
+                        f"priority.{platform} lists {name}, a backend of another of the "
+                        "engine's oracles: never a candidate for this catalog",
+                        str(loaded.origin(("priority", platform, index))),
+                    )
+                )
+                continue
             spec = catalog.spec(name)
             if platform not in spec.platforms:
                 findings.append(

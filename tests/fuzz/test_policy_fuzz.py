@@ -12,6 +12,7 @@ from hypothesis import given, settings
 
 from tests.fuzz.generators import crafted_cases, policy_case
 from tests.fuzz.keep import CI, SEEDS, run_and_check
+from tests.fuzz.pool import Case
 
 CRAFTED = [case for case in crafted_cases() if case.kind == "policy"]
 
@@ -41,3 +42,32 @@ def test_the_secret_named_in_a_policy_is_refused_at_its_key_and_never_shown(fuzz
     else:
         assert outcome.rc == 2
         assert re.search(r"moe-policy: error: file:policy\.yaml:\d+:\d+: ", outcome.stderr)
+
+
+ANOTHER_ORACLE = b"version: 1\npriority:\n  rocm: [aiter, triton, marlin]\n"
+
+
+def test_another_oracles_backend_in_a_vllm_priority_list_lints_and_loads(fuzz_worker):
+    """marlin belongs to vLLM's fp8 oracle, not its unquantized one: a vLLM policy may name
+    it (found by make fuzz: lint stopped with an error line naming no origin)."""
+    files = {"policy.yaml": ANOTHER_ORACLE}
+    lint = run_and_check(
+        fuzz_worker, Case("policy", ("lint", "--engine", "vllm", "policy.yaml"), files=files)
+    )
+    assert lint.rc == 0, lint.stdout
+    explain = Case(
+        "policy",
+        (
+            "explain",
+            "--engine",
+            "vllm",
+            "--model",
+            "qwen3-30b-a3b",
+            "--platform",
+            "rocm",
+            "--policy",
+            "policy.yaml",
+        ),
+        files=files,
+    )
+    assert run_and_check(fuzz_worker, explain).rc == 0
