@@ -58,6 +58,7 @@ lint-policy: setup
 	.venv/bin/moe-policy lint --engine vllm/fp8 configs/engines/vllm-0.33/fp8-default.yaml
 	.venv/bin/moe-policy lint --engine vllm/mxfp4 configs/engines/vllm-0.33/mxfp4-default.yaml
 	.venv/bin/moe-policy lint --engine vllm/nvfp4 configs/engines/vllm-0.33/nvfp4-default.yaml
+	.venv/bin/moe-policy lint --engine vllm/int_wna16 configs/engines/vllm-0.33/int_wna16-default.yaml
 
 bench: setup
 	$(PY) -m benchmarks.policy

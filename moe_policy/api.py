@@ -166,7 +166,8 @@ class Selector:
         self.model = _load_model_like(model)
         # An engine with one oracle per quantization scheme decides with that oracle's profile.
         scheme, scheme_origin = self.model.facts.get("model.quantization", ("none", "default"))
-        self.engine = self.engine.for_quantization(str(scheme), scheme_origin)
+        activation = self.model.facts.get("model.quant.activation", ("none", "default"))[0]
+        self.engine = self.engine.for_quantization(str(scheme), scheme_origin, str(activation))
         self.catalog = catalog or load_catalog(self.engine)
         self.settings = resolve_settings(
             self.catalog,

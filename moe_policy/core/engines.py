@@ -71,15 +71,22 @@ class EngineProfile:
             for s in ("none", *self.oracles)
         )
 
-    def for_quantization(self, scheme: str, origin: Origin | str = "default") -> EngineProfile:
-        """The profile of this engine's oracle for MoE layers quantized with ``scheme``.
+    def for_quantization(
+        self, scheme: str, origin: Origin | str = "default", activation: str | None = None
+    ) -> EngineProfile:
+        """The profile of this engine's oracle for MoE layers quantized with ``scheme``
+        (with ``activation``, the layer's ``model.quant.activation``: int4 and int8 weights
+        with unquantized activations go to vLLM's weight-only ``int_wna16`` oracle).
 
         An engine with oracles (vLLM) decides each scheme with that oracle's catalog and
         rules; a scheme it has no oracle description for is an error naming the scheme's
         origin rather than a decision by the wrong rules. Without oracles the profile's one
         catalog decides (this package: its backends say which schemes they run).
         """
-        if not self.oracles or scheme in ("none", self.quantization):
+        if not self.oracles:
+            return self
+        scheme = oracle_for(scheme, activation)
+        if scheme in ("none", self.quantization):
             return self
         if scheme not in self.oracles:
             known = ", ".join(("none", *self.oracles))
@@ -99,6 +106,18 @@ class EngineProfile:
         )
 
 
+#: Weight-only integer schemes (activations unquantized) and the oracle that decides them.
+WEIGHT_ONLY_ORACLE = "int_wna16"
+
+
+def oracle_for(scheme: str, activation: str | None = None) -> str:
+    """The oracle that decides layers of ``scheme``: ``int_wna16`` for int4 weights and for
+    int8 weights with unquantized (``none``) activations, else the scheme's own."""
+    if scheme == "int4" or (scheme == "int8" and activation == "none"):
+        return WEIGHT_ONLY_ORACLE
+    return scheme
+
+
 MOE_POLICY = EngineProfile(
     name="moe_policy",
     version=None,
@@ -114,7 +133,7 @@ VLLM_0_33 = EngineProfile(
     policy_path=paths.CONFIG_DIR / "engines" / "vllm-0.33" / "default.yaml",
     vllm_layout=True,
     description="vLLM 0.33's fused-MoE oracles, their experts classes and its LoRA layer",
-    oracles=("fp8", "mxfp4", "nvfp4"),
+    oracles=("fp8", "mxfp4", "nvfp4", "int_wna16"),
 )
 
 #: Every profile, by engine name, newest last.

@@ -67,6 +67,7 @@ def test_bash_completes_commands_options_and_values(bash_script, words, expected
 def test_bash_completes_file_names_where_a_path_goes(bash_script):
     """--model, --policy and lint's files complete file names."""
     assert sorted(complete(bash_script, "explain", "--model", "configs/models/qwen3")) == [
+        "configs/models/qwen3-30b-a3b-gptq-int4.json",
         "configs/models/qwen3-30b-a3b-nvfp4.json",
         "configs/models/qwen3-30b-a3b.json",
     ]

@@ -67,7 +67,20 @@ def test_own_engine_still_has_no_quantized_kernel():
 
 def test_a_scheme_without_an_oracle_description_is_one_error(tmp_path):
     config = json.loads(Path(QWEN3).read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    # compressed-tensors W8A8 int8 (vLLM's int8 oracle, which the profile does not describe)
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "int", "strategy": "channel",
+                            "symmetric": True, "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
+                                      "symmetric": True, "dynamic": True},
+            }
+        },
+    }  # fmt: skip
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config, indent=2))
     run = run_cli("explain", "--engine", "vllm", "--model", str(path), "--platform", "cuda")
@@ -75,7 +88,7 @@ def test_a_scheme_without_an_oracle_description_is_one_error(tmp_path):
     assert len(run.errors()) == 1
     line = run.errors()[0]
     assert line.startswith(f"moe-policy: error: file:{path}:")
-    assert "has no description of its int4 MoE oracle" in line
+    assert "has no description of its int8 MoE oracle" in line
 
 
 def test_engine_oracle_suffix():

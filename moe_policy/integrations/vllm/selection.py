@@ -40,6 +40,7 @@ from moe_policy.integrations.vllm.facts import (
     request_entry,
     vllm_origin,
 )
+from moe_policy.integrations.vllm.wna16 import Wna16Call, wna16_facts, wna16_request_entry
 
 
 def engine_profile() -> EngineProfile:
@@ -163,11 +164,13 @@ class Quantized:
     activation_key: Any
     fmt: str
     allow_vllm_cutlass: bool = False
+    #: The int_wna16 oracle's further arguments (quantization config, zero points, bias).
+    wna16: Wna16Call | None = None
 
     @property
     def key(self) -> tuple[Any, ...]:
         return (self.oracle, str(self.weight_key), str(self.activation_key), self.fmt,
-                self.allow_vllm_cutlass)  # fmt: skip
+                self.allow_vllm_cutlass, self.wna16.key if self.wna16 else None)  # fmt: skip
 
 
 def selector_for(moe_config: Any, quantized: Quantized | None = None) -> Selector:
@@ -215,7 +218,10 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
     else:
         from vllm._aiter_ops import rocm_aiter_ops
 
-        quant = quant_facts(quantized.weight_key, quantized.activation_key, quantized.fmt)
+        if quantized.wna16 is not None:
+            quant = wna16_facts(quantized.wna16)
+        else:
+            quant = quant_facts(quantized.weight_key, quantized.activation_key, quantized.fmt)
         batched = bool(moe_config.moe_parallel_config.use_batched_activation_format)
         if quantized.oracle == "fp8":
             request = fp8_request_entry(
@@ -227,11 +233,15 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
             )
             packages = fp8_packages(os.environ, tuple(platform.packages or ()))
             platform = dataclasses.replace(platform, packages=packages)
+        elif quantized.oracle == "int_wna16":
+            request = wna16_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "mxfp4":
             request = mxfp4_request_entry(moe_config.moe_backend, batched=batched)
         else:
             request = nvfp4_request_entry(moe_config.moe_backend, batched=batched)
-        oracle = profile.for_quantization(str(quant["model.quantization"][0]))
+        oracle = profile.for_quantization(
+            str(quant["model.quantization"][0]), activation=str(quant["model.quant.activation"][0])
+        )
         checks = _quantized_checks(moe_config, load_catalog(oracle), quantized)
     if request is not None:
         explicit.append(request)
@@ -252,7 +262,7 @@ def _oracle_module(name: str) -> Any:
 
 
 def _backend_enum(oracle: Any, name: str) -> Any:
-    enums = ("Fp8MoeBackend", "Mxfp4MoeBackend", "NvFp4MoeBackend")
+    enums = ("Fp8MoeBackend", "Mxfp4MoeBackend", "NvFp4MoeBackend", "WNA16MoEBackend")
     enum = next(getattr(oracle, e) for e in enums if hasattr(oracle, e))
     return enum[name]
 
@@ -261,7 +271,9 @@ def _quantized_checks(
     moe_config: Any, catalog: Catalog, quantized: Quantized
 ) -> dict[str, Callable[..., Any]]:
     """Per backend: vLLM's ``is_supported_config`` over the quantized oracle's classes for
-    it, asked with the layer's (weight, activation) keys; LoRA is left to the LoRA pass."""
+    it, asked with the layer's (weight, activation) keys; LoRA is left to the LoRA pass. For
+    the int_wna16 oracle, its checkpoint checks (``_backend_incompatibility_reason``: zero
+    points, bias, layouts, Marlin's shapes) come first, as vLLM asks them."""
     oracle = _oracle_module(quantized.oracle)
     without_lora = copy.copy(moe_config)
     without_lora.is_lora_enabled = False
@@ -275,7 +287,9 @@ def _quantized_checks(
             fmt = _activation_format(
                 moe_config, values.get("parallel.activation_format") == "batched"
             )
-            reason = None
+            reason = _wna16_incompatibility(oracle, backend, moe_config, quantized.wna16)
+            if reason is not None:
+                return False, f"vLLM: {reason}"
             for cls in oracle.backend_to_kernel_cls(backend):
                 ok, reason = cls.is_supported_config(
                     cls, without_lora, quantized.weight_key, quantized.activation_key, fmt
@@ -286,6 +300,18 @@ def _quantized_checks(
 
         checks[spec.name] = check
     return checks
+
+
+def _wna16_incompatibility(
+    oracle: Any, backend: Any, moe_config: Any, call: Wna16Call | None
+) -> str | None:
+    if call is None:
+        return None
+    reason: str | None = oracle._backend_incompatibility_reason(
+        backend, moe_config, call.quant_config, call.may_have_zp, call.may_have_bias,
+        call.allow_tile_padding,
+    )  # fmt: skip
+    return reason
 
 
 def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
@@ -375,6 +401,20 @@ def select_nvfp4_moe_backend(
     return _select_quantized(
         config, Quantized("nvfp4", weight_key, activation_key, _caller_format(False))
     )
+
+
+def select_wna16_moe_backend(
+    config: Any,
+    weight_key: Any,
+    quant_config: Any,
+    may_have_zp: bool,
+    may_have_bias: bool,
+    allow_tile_padding: bool = False,
+) -> tuple[Any, type | None]:
+    """vLLM's weight-only integer (GPTQ/AWQ int4 and int8) selection function, decided by the
+    policy (same arguments, same result)."""
+    call = Wna16Call(quant_config, bool(may_have_zp), bool(may_have_bias), bool(allow_tile_padding))
+    return _select_quantized(config, Quantized("int_wna16", weight_key, None, call.fmt, wna16=call))
 
 
 def _select_quantized(config: Any, quantized: Quantized) -> tuple[Any, type | None]:

@@ -40,6 +40,7 @@ import vllm.model_executor.layers.fused_moe.experts.trtllm_bf16_moe
 import vllm.model_executor.layers.fused_moe.experts.trtllm_lora_moe
 import vllm.model_executor.layers.fused_moe.experts.xpu_moe
 import vllm.model_executor.layers.fused_moe.oracle.fp8 as fp8_oracle
+import vllm.model_executor.layers.fused_moe.oracle.int_wna16 as wna16_oracle
 import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as mxfp4_oracle
 import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as nvfp4_oracle
 import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
@@ -61,10 +62,13 @@ from vllm.model_executor.layers.fused_moe.config import (
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
+from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
+from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
 from vllm.model_executor.layers.quantization.utils import flashinfer_utils, w8a8_utils
 from vllm.model_executor.layers.quantization.utils import quant_utils as qk
 from vllm.platforms import CpuArchEnum
 from vllm.platforms.interface import DeviceCapability, PlatformEnum
+from vllm.scalar_type import scalar_types
 
 # The function itself, taken before anything (a plugin under test) can rebind the module's name.
 _SELECT = oracle.select_unquantized_moe_backend
@@ -76,6 +80,10 @@ assert _SELECT_MXFP4.__module__ == mxfp4_oracle.__name__, "vLLM's mxfp4 selector
 for _backend in mxfp4_oracle._get_priority_backends_for_gpt_oss():
     mxfp4_oracle.backend_to_kernel_cls(_backend)
 _SELECT_NVFP4 = nvfp4_oracle.select_nvfp4_moe_backend
+_SELECT_WNA16 = wna16_oracle.select_wna16_moe_backend
+assert _SELECT_WNA16.__module__ == wna16_oracle.__name__, "vLLM's wna16 selector is patched"
+for _backend in wna16_oracle.WNA16MoEBackend:
+    wna16_oracle.backend_to_kernel_cls(_backend)
 assert _SELECT_NVFP4.__module__ == nvfp4_oracle.__name__, "vLLM's nvfp4 selector is patched"
 for _backend in nvfp4_oracle.NvFp4MoeBackend:
     if _backend.name not in ("B12X", "FLASHINFER_B12X", "FLASHINFER_MOE_EP_CUTEDSL"):
@@ -491,6 +499,8 @@ def _select(case: Case) -> tuple[Any, type | None, str | None]:
                 backend, experts = _SELECT_MXFP4(config)
             elif case.quant == "nvfp4":
                 backend, experts = _SELECT_NVFP4(config, qk.kNvfp4Static, qk.kNvfp4Dynamic)
+            elif case.quant in WNA16_QUANTS:
+                backend, experts = _SELECT_WNA16(config, *wna16_arguments(case))
             else:
                 weight, activation, cutlass = fp8_keys(case, config)
                 backend, experts = _SELECT_FP8(config, weight, activation, cutlass)
@@ -800,6 +810,17 @@ QUANTS: dict[str, dict[str, Any]] = {
     # nvidia/Qwen3-30B-A3B-NVFP4 (configs/models/qwen3-30b-a3b-nvfp4.json): ModelOpt W4A4
     "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": {"name": "modelopt"},
               "ignore": ["lm_head"]},
+    # Qwen/Qwen3-30B-A3B-GPTQ-Int4 (configs/models/qwen3-30b-a3b-gptq-int4.json)
+    "gptq-int4": {"bits": 4, "damp_percent": 0.01, "desc_act": False, "group_size": 128,
+                  "quant_method": "gptq", "static_groups": False, "sym": True,
+                  "true_sequential": True},
+    # Qwen/Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int8
+    "gptq-int8": {"bits": 8, "damp_percent": 0.01, "desc_act": False, "group_size": 128,
+                  "quant_method": "gptq", "static_groups": False, "sym": True,
+                  "true_sequential": True},
+    # TheBloke/Mixtral-8x7B-Instruct-v0.1-AWQ (zero points)
+    "awq-int4": {"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm",
+                 "zero_point": True},
     # RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic
     "fp8-channel-token": {
         "quant_method": "compressed-tensors",
@@ -900,6 +921,15 @@ MXFP4_MODELS = ("gpt-oss-20b", "gpt-oss-120b")
 #: Shapes only the quantized grids use (the unquantized grid keeps MODELS).
 QUANTIZED_SHAPES: dict[str, dict[str, Any]] = {
     "gpt-oss-120b": {**MODELS["gpt-oss-20b"], "num_experts": 128},
+    # Qwen/Qwen1.5-MoE-A2.7B's routed experts (its shared expert is a plain MLP)
+    "qwen1.5-moe-a2.7b": dict(
+        num_experts=60,
+        top_k=4,
+        hidden=2048,
+        intermediate=1408,
+        activation="silu",
+        routing="Default",
+    ),
 }
 MXFP4_BACKENDS = ("triton", "marlin", "humming", "flashinfer_trtllm", "flashinfer_cutlass",
                   "emulation", "xpu", "cpu", "b12x", "not_a_backend")  # fmt: skip
@@ -996,3 +1026,61 @@ def with_fields(case: Case, **fields: Any) -> Case:
     """A copy of the case with fields changed (the name says so)."""
     suffix = ",".join(f"{key}={value}" for key, value in sorted(fields.items()))
     return replace(case, name=f"{case.name}[{suffix}]", **fields)
+
+
+#: The QUANTS that vLLM's GPTQ and AWQ methods hand to its int_wna16 oracle.
+WNA16_QUANTS = ("gptq-int4", "gptq-int8", "awq-int4")
+
+
+def wna16_arguments(case: Case) -> tuple[Any, Any, bool, bool, bool]:
+    """What AutoGPTQMoEMethod / AutoAWQMoEMethod pass select_wna16_moe_backend: (weight key,
+    quantization config, may_have_zp, may_have_bias, allow_tile_padding)."""
+    spec = QUANTS[str(case.quant)]
+    if spec["quant_method"] == "awq":
+        config: Any = AutoAWQConfig.from_config(spec)
+        return qk.kInt4Static, config, bool(config.zero_point), True, True
+    config = AutoGPTQConfig.from_config(spec)
+    four = config.quant_type.size_bits == 4
+    quant_type = scalar_types.uint4b8 if four else scalar_types.uint8b128
+    scale = qk.kInt4StaticGroupScale if four else qk.kInt8StaticGroupScale
+    return qk.QuantKey(quant_type, scale), config, not config.is_sym, True, True
+
+
+#: Models with public GPTQ/AWQ checkpoints: Qwen3-30B-A3B-GPTQ-Int4, Mixtral-8x7B-Instruct
+#: AWQ, Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int8.
+WNA16_MODELS = (
+    ("qwen3-30b-a3b", "gptq-int4"),
+    ("mixtral-8x7b", "awq-int4"),
+    ("qwen1.5-moe-a2.7b", "gptq-int8"),
+)
+WNA16_BACKENDS = ("triton", "marlin", "humming", "flashinfer_trtllm", "emulation", "rdna3",
+                  "cutlass", "not_a_backend")  # fmt: skip
+_WNA16_PLATFORMS = ("cuda8.0", "cuda9.0+fi", "cuda10.0+fi", "cuda12.0+fi", "rocm", "xpu",
+                    "cpu-x86", "cpu-x86-amx", "cpu-arm", "tpu")  # fmt: skip
+_WNA16_LAYOUTS = ("tp2", "tp4", "ep-tp2", "ep-dp2-deepep_low_latency",
+                  "ep-dp2-flashinfer_nvlink_two_sided", "ep-dp2-flashinfer_nvlink_one_sided")  # fmt: skip
+
+
+def _wna16_subgrids() -> Iterator[Case]:
+    for model, quant in WNA16_MODELS:
+        for platform in _WNA16_PLATFORMS:
+            for lora in (False, True):
+                yield _qcase(model, quant, platform, lora=lora)
+        for layout in _WNA16_LAYOUTS:
+            for platform in ("cuda8.0", "cuda9.0+fi", "rocm"):
+                yield _qcase(model, quant, platform, layout)
+        for backend in WNA16_BACKENDS:
+            for platform in ("cuda8.0", "cuda10.0+fi", "rocm"):
+                yield _qcase(model, quant, platform, moe_backend=backend)
+            yield _qcase(model, quant, "cuda8.0", "ep-dp2-deepep_low_latency", moe_backend=backend)
+        yield _qcase(model, quant, "cuda8.0", env=_BATCH_INVARIANT)
+        yield _qcase(model, quant, "cuda9.0+fi", lora=True, moe_backend="triton")
+
+
+def wna16_grid() -> list[Case]:
+    """The int_wna16 oracle's grid: GPTQ and AWQ checkpoints over platforms, layouts, LoRA and
+    explicit backends (first occurrence kept)."""
+    seen: dict[Case, Case] = {}
+    for case in _wna16_subgrids():
+        seen.setdefault(replace(case, name=""), case)
+    return list(seen.values())

@@ -29,10 +29,11 @@ from moe_policy import (
     Selector,
 )
 from moe_policy.core.state import STATE
-from moe_policy.integrations.vllm import facts, selection
+from moe_policy.integrations.vllm import facts, selection, wna16
 from tests.bundled import REPO
 from tests.integrations.vllm.harness import (
     QUANTS,
+    WNA16_QUANTS,
     Case,
     faked_platform,
     fp8_grid,
@@ -46,6 +47,8 @@ from tests.integrations.vllm.harness import (
     parallel_config,
     set_current_vllm_config,
     vllm_config,
+    wna16_arguments,
+    wna16_grid,
 )
 
 #: The deliberate differences, as documented in docs/vllm.md ("Where moe_policy differs").
@@ -90,7 +93,7 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
             warnings.simplefilter("always")
             try:
                 config = moe_config(case)
-                fp8 = case.quant not in (None, "mxfp4", "nvfp4")
+                fp8 = case.quant not in (None, "mxfp4", "nvfp4", *WNA16_QUANTS)
                 keys = fp8_keys(case, config) if fp8 else ()
             except Exception as exc:  # vLLM's config or quant method refuses: nothing to select
                 return None, f"config: {type(exc).__name__}: {exc}"
@@ -99,6 +102,9 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
                     return _plain(selection.select_unquantized_moe_backend(config)), None
                 if case.quant == "mxfp4":
                     return _plain(selection.select_mxfp4_moe_backend(config)), None
+                if case.quant in WNA16_QUANTS:
+                    arguments = wna16_arguments(case)  # AutoGPTQMoEMethod / AutoAWQMoEMethod's
+                    return _plain(selection.select_wna16_moe_backend(config, *arguments)), None
                 if case.quant == "nvfp4":
                     keys = (qk.kNvfp4Static, qk.kNvfp4Dynamic)  # ModelOptNvFp4FusedMoE, W4A4
                     return _plain(selection.select_nvfp4_moe_backend(config, *keys)), None
@@ -156,7 +162,10 @@ def _dry_selector(case: Case) -> Selector:
     if case.platform == "rocm":  # the harness's ROCm GPUs: CDNA3 (gfx942) or RDNA4
         explicit.append(Entry("rocm.gfx", "gfx1x" if case.rdna else "gfx942", origin))
     quant = None
-    if case.quant in ("mxfp4", "nvfp4"):
+    if case.quant in WNA16_QUANTS:
+        quant = _checkpoint_quantization(case)
+        request = wna16.wna16_request_entry(case.moe_backend)
+    elif case.quant in ("mxfp4", "nvfp4"):
         quant = _checkpoint_quantization(case)
         reader = facts.mxfp4_request_entry if case.quant == "mxfp4" else facts.nvfp4_request_entry
         request = reader(case.moe_backend, batched=parallel.use_batched_activation_format)
@@ -232,7 +241,7 @@ def requested(case: Case) -> bool:
     mean auto for unquantized layers) or, for fp8, vLLM's DeepGEMM or AITER switches on."""
     if case.quant is None:
         return case.moe_backend not in ("auto", "humming", "marlin")
-    if case.moe_backend != "auto" or case.quant in ("mxfp4", "nvfp4"):
+    if case.moe_backend != "auto" or case.quant in ("mxfp4", "nvfp4", *WNA16_QUANTS):
         return case.moe_backend != "auto"
     env = dict(case.env)
     dg = [env.get(k, "1") for k in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")]
@@ -308,6 +317,11 @@ def mxfp4_results() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def nvfp4_results() -> list[dict[str, Any]]:
     return _quietly(nvfp4_grid(), "nvfp4")
+
+
+@pytest.fixture(scope="module")
+def wna16_results() -> list[dict[str, Any]]:
+    return _quietly(wna16_grid(), "int_wna16")
 
 
 def _results(cases: list[Case] | None = None, label: str = "unquantized") -> list[dict[str, Any]]:
@@ -405,7 +419,7 @@ def test_fp8_differences_are_documented_ones_and_seen(fp8_results):
 def test_the_fp8_grid_covers_every_scheme_and_picks_many_backends(fp8_results):
     cases = [r["case"] for r in fp8_results]
     assert len(cases) >= 500
-    assert {c.quant for c in cases} == set(QUANTS) - {"mxfp4", "nvfp4"}
+    assert {c.quant for c in cases} == set(QUANTS) - {"mxfp4", "nvfp4", *WNA16_QUANTS}
     picked = {r["vllm"].backend for r in fp8_results if r["vllm"].error is None}
     assert picked >= {"TRITON", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "MARLIN",
                       "AITER", "XPU", "CPU", "VLLM_CUTLASS", "BATCHED_TRITON", "NONE"}  # fmt: skip
@@ -442,3 +456,19 @@ def test_nvfp4_differences_are_documented_ones_and_seen(nvfp4_results):
     assert "request_fallback_warns" in seen
     picked = {r["vllm"].backend for r in nvfp4_results if r["vllm"].error is None}
     assert picked >= {"FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "MARLIN", "EMULATION"}
+
+
+def test_wna16_inside_vllm_agrees_except_documented_differences(wna16_results):
+    assert _mismatches(wna16_results, "inside")[:20] == []
+
+
+def test_wna16_dry_run_profile_agrees_except_documented_differences(wna16_results):
+    assert _mismatches(wna16_results, "dry")[:20] == []
+
+
+def test_wna16_differences_are_documented_ones_and_seen(wna16_results):
+    seen = {r["inside_class"] for r in wna16_results} | {r["dry_class"] for r in wna16_results}
+    assert seen <= {"agree", *DELIBERATE}
+    assert "request_fallback_warns" in seen
+    picked = {r["vllm"].backend for r in wna16_results if r["vllm"].error is None}
+    assert picked >= {"MARLIN", "BATCHED_MARLIN", "EMULATION", "XPU", "CPU"}

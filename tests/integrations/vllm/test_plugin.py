@@ -22,6 +22,7 @@ pytest.importorskip("vllm")
 import vllm.plugins
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+from vllm.model_executor.layers.fused_moe.oracle import int_wna16 as wna16_oracle
 from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as nvfp4_oracle
 from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
 from vllm.model_executor.layers.quantization import fp8 as fp8_method
@@ -36,6 +37,7 @@ VLLM_SELECT = oracle.select_unquantized_moe_backend
 VLLM_SELECT_FP8 = fp8_method.select_fp8_moe_backend
 VLLM_SELECT_MXFP4 = mxfp4_method.select_mxfp4_moe_backend
 VLLM_SELECT_NVFP4 = nvfp4_oracle.select_nvfp4_moe_backend
+VLLM_SELECT_WNA16 = wna16_oracle.select_wna16_moe_backend
 ENTRY = "moe_policy.integrations.vllm.plugin:register"
 #: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
 NEMOTRON_LORA = Case(
@@ -81,6 +83,9 @@ def clean(monkeypatch) -> Iterator[None]:
     for name in plugin.NVFP4_CALLERS:
         if name in sys.modules:
             sys.modules[name].select_nvfp4_moe_backend = VLLM_SELECT_NVFP4
+    for name in plugin.WNA16_CALLERS:
+        if name in sys.modules:
+            sys.modules[name].select_wna16_moe_backend = VLLM_SELECT_WNA16
     STATE.selectors.clear()
 
 
@@ -329,3 +334,69 @@ def test_the_nvfp4_selector_is_installed_where_vllm_calls_it(monkeypatch):
     installed = modelopt.select_nvfp4_moe_backend
     assert getattr(installed, plugin.MARK) is True
     assert nvfp4_oracle.select_nvfp4_moe_backend is installed
+
+
+def test_the_wna16_selector_is_installed_in_the_gptq_and_awq_methods_only(monkeypatch):
+    from vllm.model_executor.layers.quantization import auto_awq, auto_gptq
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_wna16 as ct_wna16,
+    )
+
+    load_plugins(monkeypatch)
+    for module in (auto_gptq, auto_awq):
+        assert getattr(module.select_wna16_moe_backend, plugin.MARK) is True
+    # compressed-tensors (and MoeWNA16, Quark) layers keep vLLM's own selection
+    assert ct_wna16.select_wna16_moe_backend is VLLM_SELECT_WNA16
+    assert wna16_oracle.select_wna16_moe_backend is VLLM_SELECT_WNA16
+
+
+def build_gptq_method(case: Case, env: dict[str, str]) -> object:
+    """vLLM's own AutoGPTQMoEMethod for the case's layer (it selects on construction)."""
+    from vllm.model_executor.layers.quantization.auto_gptq import (
+        AutoGPTQConfig,
+        AutoGPTQMoEMethod,
+    )
+
+    from tests.integrations.vllm.harness import QUANTS
+
+    with layer_build(case, env):
+        config = AutoGPTQConfig.from_config(QUANTS[str(case.quant)])
+        return AutoGPTQMoEMethod(config, moe_config(case))
+
+
+QWEN3_GPTQ = Case(name="qwen3-gptq", **MODELS["qwen3-30b-a3b"], platform="cuda",
+                  capability=(8, 0), quant="gptq-int4")  # fmt: skip
+
+
+def test_a_gptq_layer_is_decided_warned_and_audited(monkeypatch, tmp_path):
+    load_plugins(monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    env = {"MOE_POLICY_BACKEND": "triton", "MOE_POLICY_AUDIT_LOG": str(audit)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = build_gptq_method(QWEN3_GPTQ, env)
+    # GPTQ layers may carry expert bias, which Triton WNA16 does not apply: Marlin runs.
+    assert built.wna16_moe_backend.name == "MARLIN"
+    assert built.experts_cls.__name__ == "MarlinExperts"
+    [warning] = [w.message for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    assert warning.override.reason_code.value == "quantization_unsupported"
+    [line] = audit.read_text().splitlines()
+    context = json.loads(line)["context"]
+    assert context["model.quantization"] == {"value": "int4", "origin": "vllm:quant_config"}
+    assert context["model.quant.format"]["value"] == "gptq"
+    assert context["model.quant.group_size"]["value"] == 128
+
+
+def test_a_gptq_layer_in_strict_mode_refuses_like_vllm(monkeypatch):
+    load_plugins(monkeypatch)
+    env = {"MOE_POLICY_BACKEND": "triton", "MOE_POLICY_MODE": "strict"}
+    with pytest.raises(BackendOverrideError, match="triton"):
+        build_gptq_method(QWEN3_GPTQ, env)
+
+
+def test_an_unknown_moe_backend_for_a_gptq_layer_is_one_error_with_a_did_you_mean(monkeypatch):
+    load_plugins(monkeypatch)
+    case = Case(**{**QWEN3_GPTQ.__dict__, "moe_backend": "marlim"})
+    with pytest.raises(PolicyError) as raised:
+        build_gptq_method(case, {})
+    assert "vllm:--moe-backend" in str(raised.value) and "'marlin'" in str(raised.value)
