@@ -475,3 +475,33 @@ def nvfp4_request_entry(value: str, *, batched: bool) -> Entry | None:
     if batched and backend == "flashinfer_cutedsl":
         backend = "flashinfer_cutedsl_batched"
     return Entry("backend", backend, origin)
+
+
+#: ``--moe-backend`` values of vLLM's mxfp8 oracle (_BACKEND_NAME_MAP) -> catalog names.
+#: vLLM maps an explicit request to exactly that backend; emulation is not requestable.
+MXFP8_REQUESTABLE: Mapping[str, str] = {
+    "flashinfer_trtllm": "flashinfer_trtllm",
+    "deep_gemm": "deep_gemm",
+    "marlin": "marlin",
+    "xpu": "xpu",
+    "aiter": "aiter",
+    "triton": "triton",
+    "humming": "humming",
+}
+
+
+def mxfp8_request_entry(value: str) -> Entry | None:
+    """``--moe-backend`` as the mxfp8 oracle's request (None: auto)."""
+    value = str(value or "auto")
+    if value == "auto":
+        return None
+    origin = vllm_origin("--moe-backend")
+    if value not in MXFP8_REQUESTABLE:
+        raise PolicyError(
+            f"moe_backend={value!r} is not supported for MXFP8 MoE"
+            f"{did_you_mean(value, MXFP8_REQUESTABLE)} "
+            f"(expected one of {', '.join(MXFP8_REQUESTABLE)})",
+            origin,
+            key="backend",
+        )
+    return Entry("backend", MXFP8_REQUESTABLE[value], origin)

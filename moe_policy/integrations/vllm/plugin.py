@@ -1,5 +1,5 @@
-"""The vLLM general plugin: vLLM's unquantized, fp8, mxfp4, nvfp4 and GPTQ/AWQ weight-only
-integer MoE selection go through the policy.
+"""The vLLM general plugin: vLLM's unquantized, fp8, mxfp4, nvfp4, mxfp8 and GPTQ/AWQ
+weight-only integer MoE selection go through the policy.
 
 Registered in the ``vllm.general_plugins`` entry-point group as ``moe_policy``; vLLM loads
 it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`register` puts
@@ -7,7 +7,7 @@ it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`registe
 ``UnquantizedFusedMoEMethod`` looks its selector up (and in the oracle module, for direct
 callers), and :func:`~moe_policy.integrations.vllm.selection.select_fp8_moe_backend` and
 :func:`~moe_policy.integrations.vllm.selection.select_mxfp4_moe_backend` and ``..._nvfp4_...``
-in their oracles and
+and ``..._mxfp8_...`` in their oracles and
 every quantization method that calls them, ``..._wna16_...`` in the GPTQ and AWQ methods; a second call changes nothing. A vLLM release no profile describes fails here,
 at plugin load, with the list of known profiles.
 """
@@ -56,6 +56,18 @@ NVFP4_CALLERS = (
 )
 
 
+#: The modules that bind vLLM 0.33's mxfp8 selector by name.
+MXFP8_CALLERS = (
+    "vllm.model_executor.layers.fused_moe.oracle.mxfp8",
+    "vllm.model_executor.layers.quantization.modelopt",
+    "vllm.model_executor.layers.quantization.online.mxfp8",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+    "compressed_tensors_moe_w8a8_mxfp8",
+    "vllm.model_executor.layers.quantization.quark.quark_moe",
+    "vllm.model_executor.layers.quantization.inc.schemes.inc_mxfp8_moe",
+)
+
+
 #: The modules that bind vLLM 0.33's weight-only integer selector by name: the GPTQ and AWQ
 #: methods (the profile describes their checkpoints; compressed-tensors, MoeWNA16 and Quark
 #: layers keep vLLM's own selection).
@@ -72,7 +84,7 @@ def _install(module: Any, name: str, replacement: Any) -> None:
 
 
 def register() -> None:
-    """Route vLLM's unquantized, fp8, mxfp4, nvfp4 and GPTQ/AWQ int MoE backend selection
+    """Route vLLM's unquantized, fp8, mxfp4, nvfp4, mxfp8 and GPTQ/AWQ int MoE backend selection
     through the policy (idempotent)."""
     import importlib
 
@@ -89,6 +101,7 @@ def register() -> None:
         (FP8_CALLERS, "select_fp8_moe_backend"),
         (MXFP4_CALLERS, "select_mxfp4_moe_backend"),
         (NVFP4_CALLERS, "select_nvfp4_moe_backend"),
+        (MXFP8_CALLERS, "select_mxfp8_moe_backend"),
         (WNA16_CALLERS, "select_wna16_moe_backend"),
     ):
         routed = _routed(getattr(selection, function))

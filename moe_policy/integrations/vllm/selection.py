@@ -34,6 +34,7 @@ from moe_policy.integrations.vllm.facts import (
     fp8_request_entry,
     model_facts,
     mxfp4_request_entry,
+    mxfp8_request_entry,
     nvfp4_request_entry,
     platform_entries,
     quant_facts,
@@ -233,6 +234,10 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
             )
             packages = fp8_packages(os.environ, tuple(platform.packages or ()))
             platform = dataclasses.replace(platform, packages=packages)
+        elif quantized.oracle == "mxfp8":
+            request = mxfp8_request_entry(moe_config.moe_backend)
+            packages = fp8_packages(os.environ, tuple(platform.packages or ()))
+            platform = dataclasses.replace(platform, packages=packages)
         elif quantized.oracle == "int_wna16":
             request = wna16_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "mxfp4":
@@ -267,6 +272,14 @@ def _backend_enum(oracle: Any, name: str) -> Any:
     return enum[name]
 
 
+def _kernel_classes(quantized: Quantized, oracle: Any, backend: Any) -> list[Any]:
+    """The experts classes vLLM's oracle tries for ``backend``, in its order (the mxfp8
+    oracle resolves DeepGEMM, AITER, Triton and emulation to its own classes)."""
+    if quantized.oracle == "mxfp8":
+        return list(oracle._mxfp8_backend_to_kernel_cls(backend))
+    return list(oracle.backend_to_kernel_cls(backend))
+
+
 def _quantized_checks(
     moe_config: Any, catalog: Catalog, quantized: Quantized
 ) -> dict[str, Callable[..., Any]]:
@@ -290,7 +303,7 @@ def _quantized_checks(
             reason = _wna16_incompatibility(oracle, backend, moe_config, quantized.wna16)
             if reason is not None:
                 return False, f"vLLM: {reason}"
-            for cls in oracle.backend_to_kernel_cls(backend):
+            for cls in _kernel_classes(quantized, oracle, backend):
                 ok, reason = cls.is_supported_config(
                     cls, without_lora, quantized.weight_key, quantized.activation_key, fmt
                 )
@@ -403,6 +416,19 @@ def select_nvfp4_moe_backend(
     )
 
 
+def select_mxfp8_moe_backend(config: Any) -> tuple[Any, type | None]:
+    """vLLM's mxfp8 selection function, decided by the policy (same arguments, same result):
+    mxfp8 weights with dynamic mxfp8 activations, the one pair vLLM's oracle asks about."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        kMxfp8Dynamic,
+        kMxfp8Static,
+    )
+
+    return _select_quantized(
+        config, Quantized("mxfp8", kMxfp8Static, kMxfp8Dynamic, _caller_format(False))
+    )
+
+
 def select_wna16_moe_backend(
     config: Any,
     weight_key: Any,
@@ -428,7 +454,7 @@ def _select_quantized(config: Any, quantized: Quantized) -> tuple[Any, type | No
     backend = _backend_enum(oracle, str(spec.engine_name))
     if spec.delegated:
         return backend, None
-    classes = list(oracle.backend_to_kernel_cls(backend))
+    classes = _kernel_classes(quantized, oracle, backend)
     fmt = _activation_format(config, decision.activation_format == "batched")
     for cls in classes:
         if cls.__name__ == decision.experts_class:

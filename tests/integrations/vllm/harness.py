@@ -42,6 +42,7 @@ import vllm.model_executor.layers.fused_moe.experts.xpu_moe
 import vllm.model_executor.layers.fused_moe.oracle.fp8 as fp8_oracle
 import vllm.model_executor.layers.fused_moe.oracle.int_wna16 as wna16_oracle
 import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as mxfp4_oracle
+import vllm.model_executor.layers.fused_moe.oracle.mxfp8 as mxfp8_oracle
 import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as nvfp4_oracle
 import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
 import vllm.platforms
@@ -80,6 +81,10 @@ assert _SELECT_MXFP4.__module__ == mxfp4_oracle.__name__, "vLLM's mxfp4 selector
 for _backend in mxfp4_oracle._get_priority_backends_for_gpt_oss():
     mxfp4_oracle.backend_to_kernel_cls(_backend)
 _SELECT_NVFP4 = nvfp4_oracle.select_nvfp4_moe_backend
+_SELECT_MXFP8 = mxfp8_oracle.select_mxfp8_moe_backend
+assert _SELECT_MXFP8.__module__ == mxfp8_oracle.__name__, "vLLM's mxfp8 selector is patched"
+for _backend in mxfp8_oracle._SUPPORTED_BACKENDS:
+    mxfp8_oracle._mxfp8_backend_to_kernel_cls(_backend)
 _SELECT_WNA16 = wna16_oracle.select_wna16_moe_backend
 assert _SELECT_WNA16.__module__ == wna16_oracle.__name__, "vLLM's wna16 selector is patched"
 for _backend in wna16_oracle.WNA16MoEBackend:
@@ -499,6 +504,8 @@ def _select(case: Case) -> tuple[Any, type | None, str | None]:
                 backend, experts = _SELECT_MXFP4(config)
             elif case.quant == "nvfp4":
                 backend, experts = _SELECT_NVFP4(config, qk.kNvfp4Static, qk.kNvfp4Dynamic)
+            elif case.quant == "mxfp8":
+                backend, experts = _SELECT_MXFP8(config)
             elif case.quant in WNA16_QUANTS:
                 backend, experts = _SELECT_WNA16(config, *wna16_arguments(case))
             else:
@@ -810,6 +817,10 @@ QUANTS: dict[str, dict[str, Any]] = {
     # nvidia/Qwen3-30B-A3B-NVFP4 (configs/models/qwen3-30b-a3b-nvfp4.json): ModelOpt W4A4
     "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": {"name": "modelopt"},
               "ignore": ["lm_head"]},
+    # ModelOpt's MXFP8 export (quant_algo MXFP8: e4m3 weights and activations, e8m0 scales
+    # per 32)
+    "mxfp8": {"quant_method": "modelopt", "quant_algo": "MXFP8", "producer": {"name": "modelopt"},
+              "ignore": ["lm_head"]},
     # Qwen/Qwen3-30B-A3B-GPTQ-Int4 (configs/models/qwen3-30b-a3b-gptq-int4.json)
     "gptq-int4": {"bits": 4, "damp_percent": 0.01, "desc_act": False, "group_size": 128,
                   "quant_method": "gptq", "static_groups": False, "sym": True,
@@ -1082,5 +1093,42 @@ def wna16_grid() -> list[Case]:
     explicit backends (first occurrence kept)."""
     seen: dict[Case, Case] = {}
     for case in _wna16_subgrids():
+        seen.setdefault(replace(case, name=""), case)
+    return list(seen.values())
+
+
+#: Model shapes for the mxfp8 oracle's grid (the ModelOpt MXFP8 export of each).
+MXFP8_MODELS = ("qwen3-30b-a3b", "deepseek-v3", "llama-4-scout")
+MXFP8_BACKENDS = ("flashinfer_trtllm", "deep_gemm", "marlin", "xpu", "aiter", "triton", "humming",
+                  "emulation", "not_a_backend")  # fmt: skip
+
+
+def _mxfp8_subgrids() -> Iterator[Case]:
+    for model in MXFP8_MODELS:
+        for platform in PLATFORMS:
+            for lora in (False, True):
+                yield _qcase(model, "mxfp8", platform, lora=lora)
+        for platform in ("cuda9.0+fi", "cuda10.0", "cuda10.0+fi", "cuda12.0+fi"):
+            yield _qcase(model, "mxfp8", platform, deep_gemm=True)
+            yield _qcase(model, "mxfp8", platform, deep_gemm=True, lora=True)
+            yield _qcase(model, "mxfp8", platform, deep_gemm=True,
+                         env=(("VLLM_USE_DEEP_GEMM", "0"),))  # fmt: skip
+        for layout in FP8_LAYOUTS:
+            for platform in ("cuda9.0+fi", "cuda10.0+fi", "rocm", "xpu"):
+                yield _qcase(model, "mxfp8", platform, layout)
+        for backend in MXFP8_BACKENDS:
+            for platform in ("cuda9.0+fi", "cuda10.0+fi", "rocm", "xpu"):
+                yield _qcase(model, "mxfp8", platform, moe_backend=backend)
+            yield _qcase(
+                model, "mxfp8", "cuda10.0+fi", "ep-dp2-deepep_low_latency", moe_backend=backend
+            )
+        yield _qcase(model, "mxfp8", "cuda10.0+fi", env=_BATCH_INVARIANT)
+
+
+def mxfp8_grid() -> list[Case]:
+    """The mxfp8 oracle's grid: ModelOpt MXFP8 layers over platforms, layouts, LoRA, DeepGEMM
+    and explicit backends (first occurrence kept)."""
+    seen: dict[Case, Case] = {}
+    for case in _mxfp8_subgrids():
         seen.setdefault(replace(case, name=""), case)
     return list(seen.values())

@@ -42,6 +42,7 @@ from tests.integrations.vllm.harness import (
     lora_layer_outcome,
     moe_config,
     mxfp4_grid,
+    mxfp8_grid,
     nvfp4_grid,
     oracle_outcome,
     parallel_config,
@@ -93,7 +94,7 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
             warnings.simplefilter("always")
             try:
                 config = moe_config(case)
-                fp8 = case.quant not in (None, "mxfp4", "nvfp4", *WNA16_QUANTS)
+                fp8 = case.quant not in (None, "mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS)
                 keys = fp8_keys(case, config) if fp8 else ()
             except Exception as exc:  # vLLM's config or quant method refuses: nothing to select
                 return None, f"config: {type(exc).__name__}: {exc}"
@@ -102,6 +103,8 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
                     return _plain(selection.select_unquantized_moe_backend(config)), None
                 if case.quant == "mxfp4":
                     return _plain(selection.select_mxfp4_moe_backend(config)), None
+                if case.quant == "mxfp8":
+                    return _plain(selection.select_mxfp8_moe_backend(config)), None
                 if case.quant in WNA16_QUANTS:
                     arguments = wna16_arguments(case)  # AutoGPTQMoEMethod / AutoAWQMoEMethod's
                     return _plain(selection.select_wna16_moe_backend(config, *arguments)), None
@@ -165,6 +168,10 @@ def _dry_selector(case: Case) -> Selector:
     if case.quant in WNA16_QUANTS:
         quant = _checkpoint_quantization(case)
         request = wna16.wna16_request_entry(case.moe_backend)
+    elif case.quant == "mxfp8":
+        quant = _checkpoint_quantization(case)
+        request = facts.mxfp8_request_entry(case.moe_backend)
+        packages = facts.fp8_packages(env, packages)
     elif case.quant in ("mxfp4", "nvfp4"):
         quant = _checkpoint_quantization(case)
         reader = facts.mxfp4_request_entry if case.quant == "mxfp4" else facts.nvfp4_request_entry
@@ -241,7 +248,7 @@ def requested(case: Case) -> bool:
     mean auto for unquantized layers) or, for fp8, vLLM's DeepGEMM or AITER switches on."""
     if case.quant is None:
         return case.moe_backend not in ("auto", "humming", "marlin")
-    if case.moe_backend != "auto" or case.quant in ("mxfp4", "nvfp4", *WNA16_QUANTS):
+    if case.moe_backend != "auto" or case.quant in ("mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS):
         return case.moe_backend != "auto"
     env = dict(case.env)
     dg = [env.get(k, "1") for k in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")]
@@ -275,8 +282,9 @@ def classify(case: Case, vllm: Any, ours: tuple[Any, str | None], strict: Any = 
         if requested(case) and mine is not None:
             return "lora_request_honoured"
     explicit = requested(case)
+    refusals = ("does not support the deployment", "No supported MXFP8 expert class")
     vllm_refused_request = (
-        explicit and vllm.error and "does not support the deployment" in vllm.error
+        explicit and vllm.error and any(refusal in vllm.error for refusal in refusals)
     )
     # warn mode fell back; strict mode must refuse like vLLM
     strict_refused = (
@@ -317,6 +325,11 @@ def mxfp4_results() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def nvfp4_results() -> list[dict[str, Any]]:
     return _quietly(nvfp4_grid(), "nvfp4")
+
+
+@pytest.fixture(scope="module")
+def mxfp8_results() -> list[dict[str, Any]]:
+    return _quietly(mxfp8_grid(), "mxfp8")
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +432,7 @@ def test_fp8_differences_are_documented_ones_and_seen(fp8_results):
 def test_the_fp8_grid_covers_every_scheme_and_picks_many_backends(fp8_results):
     cases = [r["case"] for r in fp8_results]
     assert len(cases) >= 500
-    assert {c.quant for c in cases} == set(QUANTS) - {"mxfp4", "nvfp4", *WNA16_QUANTS}
+    assert {c.quant for c in cases} == set(QUANTS) - {"mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS}
     picked = {r["vllm"].backend for r in fp8_results if r["vllm"].error is None}
     assert picked >= {"TRITON", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "MARLIN",
                       "AITER", "XPU", "CPU", "VLLM_CUTLASS", "BATCHED_TRITON", "NONE"}  # fmt: skip
@@ -472,3 +485,19 @@ def test_wna16_differences_are_documented_ones_and_seen(wna16_results):
     assert "request_fallback_warns" in seen
     picked = {r["vllm"].backend for r in wna16_results if r["vllm"].error is None}
     assert picked >= {"MARLIN", "BATCHED_MARLIN", "EMULATION", "XPU", "CPU"}
+
+
+def test_mxfp8_inside_vllm_agrees_except_documented_differences(mxfp8_results):
+    assert _mismatches(mxfp8_results, "inside")[:20] == []
+
+
+def test_mxfp8_dry_run_profile_agrees_except_documented_differences(mxfp8_results):
+    assert _mismatches(mxfp8_results, "dry")[:20] == []
+
+
+def test_mxfp8_differences_are_documented_ones_and_seen(mxfp8_results):
+    seen = {r["inside_class"] for r in mxfp8_results} | {r["dry_class"] for r in mxfp8_results}
+    assert seen <= {"agree", *DELIBERATE}
+    assert "request_fallback_warns" in seen
+    picked = {r["vllm"].backend for r in mxfp8_results if r["vllm"].error is None}
+    assert picked >= {"FLASHINFER_TRTLLM", "DEEPGEMM", "MARLIN", "XPU", "EMULATION"}

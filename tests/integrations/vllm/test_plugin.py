@@ -23,6 +23,7 @@ import vllm.plugins
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
 from vllm.model_executor.layers.fused_moe.oracle import int_wna16 as wna16_oracle
+from vllm.model_executor.layers.fused_moe.oracle import mxfp8 as mxfp8_oracle
 from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as nvfp4_oracle
 from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
 from vllm.model_executor.layers.quantization import fp8 as fp8_method
@@ -38,6 +39,7 @@ VLLM_SELECT_FP8 = fp8_method.select_fp8_moe_backend
 VLLM_SELECT_MXFP4 = mxfp4_method.select_mxfp4_moe_backend
 VLLM_SELECT_NVFP4 = nvfp4_oracle.select_nvfp4_moe_backend
 VLLM_SELECT_WNA16 = wna16_oracle.select_wna16_moe_backend
+VLLM_SELECT_MXFP8 = mxfp8_oracle.select_mxfp8_moe_backend
 ENTRY = "moe_policy.integrations.vllm.plugin:register"
 #: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
 NEMOTRON_LORA = Case(
@@ -83,6 +85,9 @@ def clean(monkeypatch) -> Iterator[None]:
     for name in plugin.NVFP4_CALLERS:
         if name in sys.modules:
             sys.modules[name].select_nvfp4_moe_backend = VLLM_SELECT_NVFP4
+    for name in plugin.MXFP8_CALLERS:
+        if name in sys.modules:
+            sys.modules[name].select_mxfp8_moe_backend = VLLM_SELECT_MXFP8
     for name in plugin.WNA16_CALLERS:
         if name in sys.modules:
             sys.modules[name].select_wna16_moe_backend = VLLM_SELECT_WNA16
@@ -400,3 +405,23 @@ def test_an_unknown_moe_backend_for_a_gptq_layer_is_one_error_with_a_did_you_mea
     with pytest.raises(PolicyError) as raised:
         build_gptq_method(case, {})
     assert "vllm:--moe-backend" in str(raised.value) and "'marlin'" in str(raised.value)
+
+
+def test_an_mxfp8_layer_is_decided_through_the_policy_and_audited(monkeypatch, tmp_path):
+    from vllm.model_executor.layers.quantization import modelopt
+
+    load_plugins(monkeypatch)
+    installed = modelopt.select_mxfp8_moe_backend
+    assert getattr(installed, plugin.MARK) is True
+    assert mxfp8_oracle.select_mxfp8_moe_backend is installed
+    audit = tmp_path / "audit.jsonl"
+    case = Case(name="qwen3-mxfp8", **MODELS["qwen3-30b-a3b"], platform="cuda",
+                capability=(10, 0), quant="mxfp8", lora=True)  # fmt: skip
+    with layer_build(case, {"MOE_POLICY_AUDIT_LOG": str(audit)}):
+        backend, experts = installed(config=moe_config(case))
+    # LoRA: neither TRT-LLM nor DeepGEMM applies adapters; Marlin does.
+    assert (backend.name, experts.__name__) == ("MARLIN", "MarlinExperts")
+    [line] = audit.read_text().splitlines()
+    context = json.loads(line)["context"]
+    assert context["model.quantization"] == {"value": "mxfp8", "origin": "vllm:weight_key"}
+    assert context["model.quant.activation"]["value"] == "dynamic_group"
