@@ -133,7 +133,7 @@ VLLM_0_33 = EngineProfile(
     policy_path=paths.CONFIG_DIR / "engines" / "vllm-0.33" / "default.yaml",
     vllm_layout=True,
     description="vLLM 0.33's fused-MoE oracles, their experts classes and its LoRA layer",
-    oracles=("fp8", "mxfp4", "nvfp4", "int_wna16", "mxfp8"),
+    oracles=("fp8", "mxfp4", "nvfp4", "int_wna16", "mxfp8", "int8"),
 )
 
 #: Every profile, by engine name, newest last.

@@ -261,6 +261,10 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
         scheme, scale, group = "mxfp4", "group", 32
     elif weight_key == q.kNvfp4Static:
         scheme, scale, group = "nvfp4", "group", 16
+    elif weight_key == q.kInt8StaticChannelSym:
+        scheme, scale = "int8", "channel"
+    elif weight_key == q.kInt8StaticTensorSym:
+        scheme, scale = "int8", "tensor"
     elif (
         weight_key is not None
         and weight_key.dtype == q.FP8_DTYPE
@@ -271,9 +275,7 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
         shape = weight_key.scale.group_shape
         scheme, scale, block = "fp8", "block", f"{shape.row}x{shape.col}"
     else:
-        raise PolicyError(
-            f"vLLM weight key {weight_key} is no fp8 scheme moe_policy knows", w_origin
-        )
+        raise PolicyError(f"vLLM weight key {weight_key} is no scheme moe_policy knows", w_origin)
     activations = {
         None: "none",
         q.kFp8StaticTensorSym: "static_tensor",
@@ -282,6 +284,8 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
         q.kFp8Dynamic128Sym: "dynamic_group",
         q.kMxfp8Dynamic: "dynamic_group",
         q.kNvfp4Dynamic: "dynamic_group",
+        q.kInt8DynamicTokenSym: "dynamic_token",
+        q.kInt8DynamicTensorSym: "dynamic_tensor",
     }
     if activation_key not in activations:
         raise PolicyError(
@@ -505,3 +509,24 @@ def mxfp8_request_entry(value: str) -> Entry | None:
             key="backend",
         )
     return Entry("backend", MXFP8_REQUESTABLE[value], origin)
+
+
+#: ``--moe-backend`` values of vLLM's int8 oracle (map_int8_backend) -> catalog names.
+INT8_REQUESTABLE: Mapping[str, str] = {"triton": "triton", "humming": "humming"}
+
+
+def int8_request_entry(value: str) -> Entry | None:
+    """``--moe-backend`` as the int8 (w8a8) oracle's request (None: auto)."""
+    value = str(value or "auto")
+    if value == "auto":
+        return None
+    origin = vllm_origin("--moe-backend")
+    if value not in INT8_REQUESTABLE:
+        raise PolicyError(
+            f"moe_backend={value!r} is not supported for Int8 MoE"
+            f"{did_you_mean(value, INT8_REQUESTABLE)} "
+            f"(expected one of {', '.join(INT8_REQUESTABLE)})",
+            origin,
+            key="backend",
+        )
+    return Entry("backend", INT8_REQUESTABLE[value], origin)

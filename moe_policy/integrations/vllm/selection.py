@@ -32,6 +32,7 @@ from moe_policy.integrations.vllm.facts import (
     deployment_entries,
     fp8_packages,
     fp8_request_entry,
+    int8_request_entry,
     model_facts,
     mxfp4_request_entry,
     mxfp8_request_entry,
@@ -234,6 +235,8 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
             )
             packages = fp8_packages(os.environ, tuple(platform.packages or ()))
             platform = dataclasses.replace(platform, packages=packages)
+        elif quantized.oracle == "int8":
+            request = int8_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "mxfp8":
             request = mxfp8_request_entry(moe_config.moe_backend)
             packages = fp8_packages(os.environ, tuple(platform.packages or ()))
@@ -267,7 +270,8 @@ def _oracle_module(name: str) -> Any:
 
 
 def _backend_enum(oracle: Any, name: str) -> Any:
-    enums = ("Fp8MoeBackend", "Mxfp4MoeBackend", "NvFp4MoeBackend", "WNA16MoEBackend")
+    enums = ("Fp8MoeBackend", "Mxfp4MoeBackend", "NvFp4MoeBackend", "WNA16MoEBackend",
+             "Int8MoeBackend")  # fmt: skip
     enum = next(getattr(oracle, e) for e in enums if hasattr(oracle, e))
     return enum[name]
 
@@ -358,7 +362,8 @@ def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
 
 #: The quantization method classes that ask the fp8 oracle, by checkpoint format.
 _FP8_CALLERS = {"ModelOptFp8MoEMethod": "modelopt", "Fp8MoEMethod": "fp8",
-                "ModelOptNvFp4FusedMoE": "modelopt"}  # fmt: skip
+                "ModelOptNvFp4FusedMoE": "modelopt",
+                "CompressedTensorsW8A8Int8MoEMethod": "compressed-tensors"}  # fmt: skip
 
 
 def _caller_format(allow_vllm_cutlass: bool) -> str:
@@ -414,6 +419,18 @@ def select_nvfp4_moe_backend(
     return _select_quantized(
         config, Quantized("nvfp4", weight_key, activation_key, _caller_format(False))
     )
+
+
+def select_int8_moe_backend(
+    config: Any, weight_key: Any = None, activation_key: Any = None
+) -> tuple[Any, type | None]:
+    """vLLM's int8 (w8a8) selection function, decided by the policy (same arguments, same
+    result; vLLM's defaults are per-channel weights with per-token activations)."""
+    from vllm.model_executor.layers.quantization.utils import quant_utils as q
+
+    weight = q.kInt8StaticChannelSym if weight_key is None else weight_key
+    activation = q.kInt8DynamicTokenSym if activation_key is None else activation_key
+    return _select_quantized(config, Quantized("int8", weight, activation, _caller_format(False)))
 
 
 def select_mxfp8_moe_backend(config: Any) -> tuple[Any, type | None]:

@@ -40,6 +40,7 @@ import vllm.model_executor.layers.fused_moe.experts.trtllm_bf16_moe
 import vllm.model_executor.layers.fused_moe.experts.trtllm_lora_moe
 import vllm.model_executor.layers.fused_moe.experts.xpu_moe
 import vllm.model_executor.layers.fused_moe.oracle.fp8 as fp8_oracle
+import vllm.model_executor.layers.fused_moe.oracle.int8 as int8_oracle
 import vllm.model_executor.layers.fused_moe.oracle.int_wna16 as wna16_oracle
 import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as mxfp4_oracle
 import vllm.model_executor.layers.fused_moe.oracle.mxfp8 as mxfp8_oracle
@@ -85,6 +86,10 @@ _SELECT_MXFP8 = mxfp8_oracle.select_mxfp8_moe_backend
 assert _SELECT_MXFP8.__module__ == mxfp8_oracle.__name__, "vLLM's mxfp8 selector is patched"
 for _backend in mxfp8_oracle._SUPPORTED_BACKENDS:
     mxfp8_oracle._mxfp8_backend_to_kernel_cls(_backend)
+_SELECT_INT8 = int8_oracle.select_int8_moe_backend
+assert _SELECT_INT8.__module__ == int8_oracle.__name__, "vLLM's int8 selector is patched"
+for _backend in int8_oracle.Int8MoeBackend:
+    int8_oracle.backend_to_kernel_cls(_backend)
 _SELECT_WNA16 = wna16_oracle.select_wna16_moe_backend
 assert _SELECT_WNA16.__module__ == wna16_oracle.__name__, "vLLM's wna16 selector is patched"
 for _backend in wna16_oracle.WNA16MoEBackend:
@@ -506,6 +511,8 @@ def _select(case: Case) -> tuple[Any, type | None, str | None]:
                 backend, experts = _SELECT_NVFP4(config, qk.kNvfp4Static, qk.kNvfp4Dynamic)
             elif case.quant == "mxfp8":
                 backend, experts = _SELECT_MXFP8(config)
+            elif case.quant in INT8_QUANTS:
+                backend, experts = _SELECT_INT8(config, *INT8_QUANTS[case.quant])
             elif case.quant in WNA16_QUANTS:
                 backend, experts = _SELECT_WNA16(config, *wna16_arguments(case))
             else:
@@ -817,6 +824,18 @@ QUANTS: dict[str, dict[str, Any]] = {
     # nvidia/Qwen3-30B-A3B-NVFP4 (configs/models/qwen3-30b-a3b-nvfp4.json): ModelOpt W4A4
     "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": {"name": "modelopt"},
               "ignore": ["lm_head"]},
+    # compressed-tensors W8A8 int8 as llm-compressor's W8A8 scheme writes it (per-channel
+    # weights, dynamic per-token activations)
+    "int8-channel-token": {
+        "quant_method": "compressed-tensors", "format": "int-quantized",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True,
+                        "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
+                                  "symmetric": True, "dynamic": True}}},
+        "ignore": ["lm_head"],
+    },
     # ModelOpt's MXFP8 export (quant_algo MXFP8: e4m3 weights and activations, e8m0 scales
     # per 32)
     "mxfp8": {"quant_method": "modelopt", "quant_algo": "MXFP8", "producer": {"name": "modelopt"},
@@ -1130,5 +1149,36 @@ def mxfp8_grid() -> list[Case]:
     and explicit backends (first occurrence kept)."""
     seen: dict[Case, Case] = {}
     for case in _mxfp8_subgrids():
+        seen.setdefault(replace(case, name=""), case)
+    return list(seen.values())
+
+
+#: The int8 (w8a8) QUANTS and the (weight, activation) keys their vLLM method passes.
+INT8_QUANTS: dict[str, tuple[Any, Any]] = {
+    "int8-channel-token": (qk.kInt8StaticChannelSym, qk.kInt8DynamicTokenSym),
+}
+INT8_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3")
+INT8_BACKENDS = ("triton", "humming", "marlin", "not_a_backend")
+
+
+def _int8_subgrids() -> Iterator[Case]:
+    for model in INT8_MODELS:
+        for platform in PLATFORMS:
+            for lora in (False, True):
+                yield _qcase(model, "int8-channel-token", platform, lora=lora)
+        for layout in FP8_LAYOUTS:
+            for platform in ("cuda8.0", "cuda9.0+fi", "rocm", "xpu", "cpu-x86-amx"):
+                yield _qcase(model, "int8-channel-token", platform, layout)
+        for backend in INT8_BACKENDS:
+            for platform in ("cuda8.0", "cuda9.0+fi", "rocm", "cpu-x86-amx"):
+                yield _qcase(model, "int8-channel-token", platform, moe_backend=backend)
+        yield _qcase(model, "int8-channel-token", "cuda9.0+fi", env=_BATCH_INVARIANT)
+
+
+def int8_grid() -> list[Case]:
+    """The int8 (w8a8) oracle's grid: compressed-tensors W8A8 int8 layers over platforms,
+    layouts, LoRA and explicit backends (first occurrence kept)."""
+    seen: dict[Case, Case] = {}
+    for case in _int8_subgrids():
         seen.setdefault(replace(case, name=""), case)
     return list(seen.values())

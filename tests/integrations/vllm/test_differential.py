@@ -32,6 +32,7 @@ from moe_policy.core.state import STATE
 from moe_policy.integrations.vllm import facts, selection, wna16
 from tests.bundled import REPO
 from tests.integrations.vllm.harness import (
+    INT8_QUANTS,
     QUANTS,
     WNA16_QUANTS,
     Case,
@@ -39,6 +40,7 @@ from tests.integrations.vllm.harness import (
     fp8_grid,
     fp8_keys,
     grid,
+    int8_grid,
     lora_layer_outcome,
     moe_config,
     mxfp4_grid,
@@ -94,7 +96,8 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
             warnings.simplefilter("always")
             try:
                 config = moe_config(case)
-                fp8 = case.quant not in (None, "mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS)
+                fp8 = case.quant not in (None, "mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS,
+                                         *INT8_QUANTS)  # fmt: skip
                 keys = fp8_keys(case, config) if fp8 else ()
             except Exception as exc:  # vLLM's config or quant method refuses: nothing to select
                 return None, f"config: {type(exc).__name__}: {exc}"
@@ -105,6 +108,9 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
                     return _plain(selection.select_mxfp4_moe_backend(config)), None
                 if case.quant == "mxfp8":
                     return _plain(selection.select_mxfp8_moe_backend(config)), None
+                if case.quant in INT8_QUANTS:
+                    keys = INT8_QUANTS[case.quant]  # CompressedTensorsW8A8Int8MoEMethod's
+                    return _plain(selection.select_int8_moe_backend(config, *keys)), None
                 if case.quant in WNA16_QUANTS:
                     arguments = wna16_arguments(case)  # AutoGPTQMoEMethod / AutoAWQMoEMethod's
                     return _plain(selection.select_wna16_moe_backend(config, *arguments)), None
@@ -168,6 +174,9 @@ def _dry_selector(case: Case) -> Selector:
     if case.quant in WNA16_QUANTS:
         quant = _checkpoint_quantization(case)
         request = wna16.wna16_request_entry(case.moe_backend)
+    elif case.quant in INT8_QUANTS:
+        quant = _checkpoint_quantization(case)
+        request = facts.int8_request_entry(case.moe_backend)
     elif case.quant == "mxfp8":
         quant = _checkpoint_quantization(case)
         request = facts.mxfp8_request_entry(case.moe_backend)
@@ -248,7 +257,8 @@ def requested(case: Case) -> bool:
     mean auto for unquantized layers) or, for fp8, vLLM's DeepGEMM or AITER switches on."""
     if case.quant is None:
         return case.moe_backend not in ("auto", "humming", "marlin")
-    if case.moe_backend != "auto" or case.quant in ("mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS):
+    if case.moe_backend != "auto" or case.quant in ("mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS,
+                                                    *INT8_QUANTS):  # fmt: skip
         return case.moe_backend != "auto"
     env = dict(case.env)
     dg = [env.get(k, "1") for k in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")]
@@ -325,6 +335,11 @@ def mxfp4_results() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def nvfp4_results() -> list[dict[str, Any]]:
     return _quietly(nvfp4_grid(), "nvfp4")
+
+
+@pytest.fixture(scope="module")
+def int8_results() -> list[dict[str, Any]]:
+    return _quietly(int8_grid(), "int8")
 
 
 @pytest.fixture(scope="module")
@@ -432,7 +447,8 @@ def test_fp8_differences_are_documented_ones_and_seen(fp8_results):
 def test_the_fp8_grid_covers_every_scheme_and_picks_many_backends(fp8_results):
     cases = [r["case"] for r in fp8_results]
     assert len(cases) >= 500
-    assert {c.quant for c in cases} == set(QUANTS) - {"mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS}
+    others = {"mxfp4", "mxfp8", "nvfp4", *WNA16_QUANTS, *INT8_QUANTS}
+    assert {c.quant for c in cases} == set(QUANTS) - others
     picked = {r["vllm"].backend for r in fp8_results if r["vllm"].error is None}
     assert picked >= {"TRITON", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "MARLIN",
                       "AITER", "XPU", "CPU", "VLLM_CUTLASS", "BATCHED_TRITON", "NONE"}  # fmt: skip
@@ -501,3 +517,19 @@ def test_mxfp8_differences_are_documented_ones_and_seen(mxfp8_results):
     assert "request_fallback_warns" in seen
     picked = {r["vllm"].backend for r in mxfp8_results if r["vllm"].error is None}
     assert picked >= {"FLASHINFER_TRTLLM", "DEEPGEMM", "MARLIN", "XPU", "EMULATION"}
+
+
+def test_int8_inside_vllm_agrees_except_documented_differences(int8_results):
+    assert _mismatches(int8_results, "inside")[:20] == []
+
+
+def test_int8_dry_run_profile_agrees_except_documented_differences(int8_results):
+    assert _mismatches(int8_results, "dry")[:20] == []
+
+
+def test_int8_differences_are_documented_ones_and_seen(int8_results):
+    seen = {r["inside_class"] for r in int8_results} | {r["dry_class"] for r in int8_results}
+    assert seen <= {"agree", *DELIBERATE}
+    assert "request_fallback_warns" in seen
+    picked = {r["vllm"].backend for r in int8_results if r["vllm"].error is None}
+    assert picked >= {"TRITON", "CPU"}

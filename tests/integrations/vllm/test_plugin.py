@@ -22,6 +22,7 @@ pytest.importorskip("vllm")
 import vllm.plugins
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+from vllm.model_executor.layers.fused_moe.oracle import int8 as int8_oracle
 from vllm.model_executor.layers.fused_moe.oracle import int_wna16 as wna16_oracle
 from vllm.model_executor.layers.fused_moe.oracle import mxfp8 as mxfp8_oracle
 from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as nvfp4_oracle
@@ -40,6 +41,7 @@ VLLM_SELECT_MXFP4 = mxfp4_method.select_mxfp4_moe_backend
 VLLM_SELECT_NVFP4 = nvfp4_oracle.select_nvfp4_moe_backend
 VLLM_SELECT_WNA16 = wna16_oracle.select_wna16_moe_backend
 VLLM_SELECT_MXFP8 = mxfp8_oracle.select_mxfp8_moe_backend
+VLLM_SELECT_INT8 = int8_oracle.select_int8_moe_backend
 ENTRY = "moe_policy.integrations.vllm.plugin:register"
 #: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
 NEMOTRON_LORA = Case(
@@ -88,6 +90,9 @@ def clean(monkeypatch) -> Iterator[None]:
     for name in plugin.MXFP8_CALLERS:
         if name in sys.modules:
             sys.modules[name].select_mxfp8_moe_backend = VLLM_SELECT_MXFP8
+    for name in plugin.INT8_CALLERS:
+        if name in sys.modules:
+            sys.modules[name].select_int8_moe_backend = VLLM_SELECT_INT8
     for name in plugin.WNA16_CALLERS:
         if name in sys.modules:
             sys.modules[name].select_wna16_moe_backend = VLLM_SELECT_WNA16
@@ -425,3 +430,33 @@ def test_an_mxfp8_layer_is_decided_through_the_policy_and_audited(monkeypatch, t
     context = json.loads(line)["context"]
     assert context["model.quantization"] == {"value": "mxfp8", "origin": "vllm:weight_key"}
     assert context["model.quant.activation"]["value"] == "dynamic_group"
+
+
+def test_an_int8_layer_is_decided_through_the_policy_and_audited(monkeypatch, tmp_path):
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w8a8_int8 as ct_int8,
+    )
+    from vllm.model_executor.layers.quantization.utils import quant_utils as qk
+
+    load_plugins(monkeypatch)
+    installed = ct_int8.select_int8_moe_backend
+    assert getattr(installed, plugin.MARK) is True
+    assert int8_oracle.select_int8_moe_backend is installed
+    audit = tmp_path / "audit.jsonl"
+    case = Case(name="qwen3-w8a8", **MODELS["qwen3-30b-a3b"], platform="cuda",
+                capability=(9, 0), quant="int8-channel-token", moe_backend="humming")  # fmt: skip
+    env = {"MOE_POLICY_AUDIT_LOG": str(audit)}
+    with layer_build(case, env), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        backend, experts = installed(
+            config=moe_config(case),
+            weight_key=qk.kInt8StaticChannelSym,
+            activation_key=qk.kInt8DynamicTokenSym,
+        )
+    # humming is not installed here: vLLM would fail start-up; warn mode runs Triton.
+    assert (backend.name, experts.__name__) == ("TRITON", "TritonExperts")
+    assert any(isinstance(w.message, BackendOverrideWarning) for w in caught)
+    [line] = audit.read_text().splitlines()
+    context = json.loads(line)["context"]
+    assert context["model.quantization"] == {"value": "int8", "origin": "vllm:weight_key"}
+    assert context["model.quant.activation"]["value"] == "dynamic_token"
