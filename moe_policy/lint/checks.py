@@ -88,35 +88,77 @@ def _where(rule: Rule) -> str:
     return f"rule {rule.id!r} ({rule.origin})"
 
 
+class _EarlierRules:
+    """The enforced rules seen so far, indexed so that a later rule is compared only with
+    those it can shadow or contradict: a policy of thousands of rules is not checked pair
+    by pair."""
+
+    def __init__(self) -> None:
+        self.by_effect: dict[str, list[int]] = {}
+        self.by_backend: dict[tuple[str, str], list[int]] = {}
+
+    def add(self, index: int, rule: Rule) -> None:
+        self.by_effect.setdefault(rule.effect, []).append(index)
+        for name in set(rule.backends) or {""}:  # "": a rule left without backends by an error
+            self.by_backend.setdefault((rule.effect, name), []).append(index)
+
+    def naming(self, effect: str, backends: Sequence[str]) -> set[int]:
+        """Earlier ``effect`` rules naming one of ``backends`` or none at all (every one, if
+        ``backends`` is empty)."""
+        if not backends:
+            return set(self.by_effect.get(effect, ()))
+        return {i for name in (*backends, "") for i in self.by_backend.get((effect, name), ())}
+
+    def all(self, effect: str) -> set[int]:
+        return set(self.by_effect.get(effect, ()))
+
+
+#: For a later rule's effect: the earlier effects it can contradict where both name a
+#: backend (``_conflict``); a require also contradicts every disjoint earlier require.
+_CONTRADICTING = {
+    "prefer": ("forbid", "demote"),
+    "forbid": ("prefer", "require"),
+    "require": ("forbid",),
+    "demote": ("prefer",),
+}
+
+
 def _shadowed(rules: Sequence[Rule]) -> tuple[list[Finding], set[tuple[int, int]]]:
     findings: list[Finding] = []
     covered: set[tuple[int, int]] = set()
+    earlier_rules = _EarlierRules()
     for j, later in enumerate(rules):
-        if later.effect == "require":
-            continue  # a require against an earlier forbid/require is a conflict, not dead
-        for i, earlier in enumerate(rules[:j]):
-            if earlier.action != "enforce" or not _implies(earlier, later):
-                continue
-            names = set(later.backends)
-            if earlier.effect == "forbid" and names <= set(earlier.backends):
-                does = f"forbids {', '.join(later.backends)}"
-            elif earlier.effect == "require" and not names & set(earlier.backends):
-                does = f"requires only {', '.join(earlier.backends)}"
-            else:
-                continue
-            when = (
-                "unconditionally" if not earlier.conditions else "holds whenever this one does and"
-            )
-            findings.append(
-                Finding(
-                    "error",
-                    "shadowed-rule",
-                    f"rule {later.id!r} can never take effect: {_where(earlier)} {when} {does}",
-                    later.origin,
+        # only an earlier forbid of every backend named, or a require of none, can shadow
+        candidates = earlier_rules.naming("forbid", later.backends) | earlier_rules.all("require")
+        if later.effect != "require":  # against an earlier forbid/require: a conflict, not dead
+            for i in sorted(candidates):
+                earlier = rules[i]
+                if not _implies(earlier, later):
+                    continue
+                names = set(later.backends)
+                if earlier.effect == "forbid" and names <= set(earlier.backends):
+                    does = f"forbids {', '.join(later.backends)}"
+                elif earlier.effect == "require" and not names & set(earlier.backends):
+                    does = f"requires only {', '.join(earlier.backends)}"
+                else:
+                    continue
+                when = (
+                    "unconditionally"
+                    if not earlier.conditions
+                    else "holds whenever this one does and"
                 )
-            )
-            covered.add((i, j))
-            break
+                findings.append(
+                    Finding(
+                        "error",
+                        "shadowed-rule",
+                        f"rule {later.id!r} can never take effect: {_where(earlier)} {when} {does}",
+                        later.origin,
+                    )
+                )
+                covered.add((i, j))
+                break
+        if later.action == "enforce":
+            earlier_rules.add(j, later)
     return findings, covered
 
 
@@ -146,13 +188,25 @@ def _conflict(a: Rule, b: Rule) -> tuple[str, str] | None:
     return None
 
 
+def _conflict_candidates(later: Rule, earlier_rules: _EarlierRules) -> set[int]:
+    """The earlier rules ``_conflict`` can find contradicting ``later`` (a superset)."""
+    found: set[int] = set()
+    for effect in _CONTRADICTING.get(later.effect, ()):
+        found |= earlier_rules.naming(effect, later.backends)
+    if later.effect == "require":
+        found |= earlier_rules.all("require")
+    return found
+
+
 def _conflicts(rules: Sequence[Rule], skip: set[tuple[int, int]]) -> list[Finding]:
     findings = []
+    earlier_rules = _EarlierRules()
     for j, later in enumerate(rules):
         if later.action != "enforce":
             continue
-        for i, earlier in enumerate(rules[:j]):
-            if earlier.action != "enforce" or (i, j) in skip:
+        for i in sorted(_conflict_candidates(later, earlier_rules)):
+            earlier = rules[i]
+            if (i, j) in skip:
                 continue
             verdict = _conflict(earlier, later)
             if verdict is None or not satisfiable((*earlier.conditions, *later.conditions)):
@@ -166,6 +220,7 @@ def _conflicts(rules: Sequence[Rule], skip: set[tuple[int, int]]) -> list[Findin
                     later.origin,
                 )
             )
+        earlier_rules.add(j, later)
     return findings
 
 

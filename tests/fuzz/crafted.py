@@ -150,11 +150,6 @@ CRAFTED_POLICIES: dict[str, bytes] = {
     "many keys": b"version: 1\n" + b"".join(b"k%d: 1\n" % i for i in range(6_000)),
 }
 
-#: Crafted policies given to explain only: lint compares every pair of rules (shadowed,
-#: conflicting), so 3,000 rules take 7 to 28 s there on a busy 2-core box (close to the
-#: 10 s a case may take) while explain takes them in about a second.
-EXPLAIN_ONLY = frozenset({"3000 rules"})
-
 #: Files that are not regular files (created by the pool), used as a policy or model.
 SPECIAL_PATHS: dict[str, tuple[dict[str, str], str]] = {
     "a FIFO": ({"input": "fifo"}, "input"),

@@ -29,7 +29,7 @@ import yaml
 from moe_policy.core.keys import CONTEXT_KEYS
 from moe_policy.settings.env import OUR_VARIABLES, VLLM_HANDLED, VLLM_KNOWN_NO_EFFECT
 from tests.bundled import REPO
-from tests.fuzz.crafted import CRAFTED_MODELS, CRAFTED_POLICIES, EXPLAIN_ONLY, SPECIAL_PATHS
+from tests.fuzz.crafted import CRAFTED_MODELS, CRAFTED_POLICIES, SPECIAL_PATHS
 from tests.fuzz.mutate import (
     BACKENDS,
     STRINGS,
@@ -111,8 +111,6 @@ def policy_case(rng: random.Random) -> Case:
         note, data = rng.choice(sorted(CRAFTED_POLICIES.items()))
         files = {"policy.yaml": data}
         argv = _policy_command(rng, ["policy.yaml"], False)
-        if note in EXPLAIN_ONLY:
-            argv = _explain(rng, "--policy", "policy.yaml")
         return Case("policy", argv, env, files, note=f"crafted: {note}")
     index = rng.randrange(len(POLICY_FILES))
     base = policy_corpus()[index]
@@ -293,7 +291,7 @@ ENV_VALUES = (
 def env_case(rng: random.Random) -> Case:
     """One to three of the variables the settings read (or near misses), odd values."""
     env = {rng.choice(ENV_NAMES): rng.choice(ENV_VALUES) for _ in range(rng.randint(1, 3))}
-    hostile = CRAFTED_POLICIES[rng.choice(sorted(CRAFTED_POLICIES.keys() - EXPLAIN_ONLY))]
+    hostile = CRAFTED_POLICIES[rng.choice(sorted(CRAFTED_POLICIES))]
     files = {
         "policy.yaml": policy_corpus()[rng.randrange(len(POLICY_FILES))],
         "hostile.yaml": hostile,
@@ -515,11 +513,8 @@ def crafted_cases() -> list[Case]:
                 note=f"crafted: {note}",
             )
         )
-        if note not in EXPLAIN_ONLY:
-            lint = Case(
-                "policy", ("lint", "policy.yaml"), env, files, note=f"crafted: {note} (lint)"
-            )
-            cases.append(lint)
+        lint = Case("policy", ("lint", "policy.yaml"), env, files, note=f"crafted: {note} (lint)")
+        cases.append(lint)
     for note, data in CRAFTED_MODELS.items():
         name = "config.yaml" if note.endswith("config.yaml") else "config.json"
         cases.append(
