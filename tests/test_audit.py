@@ -89,7 +89,8 @@ def test_read_only_directory_gives_a_warning_event_and_a_decision(tmp_path):
 
 @pytest.mark.parametrize("case", ["missing directory", "full disk"])
 def test_unwritable_audit_target_gives_a_warning_event_and_a_decision(tmp_path, case):
-    """A sink that cannot write (missing directory, full disk) warns once; the decision is returned."""
+    """A sink that cannot write (missing directory, full disk) warns for every lost line,
+    naming the decision and counting the failures; the decision is returned."""
     targets = dict(_broken_targets(tmp_path))
     if case not in targets:
         pytest.skip(f"no {case} target on this system")
@@ -99,8 +100,10 @@ def test_unwritable_audit_target_gives_a_warning_event_and_a_decision(tmp_path, 
         second = selector.select()
     assert first.backend == second.backend == "triton"
     failures = [e for e in logs if e["event"] == "moe_policy.audit_failed"]
-    assert len(failures) == 1  # warned once per sink and error kind, not per decision
-    assert failures[0]["log_level"] == "warning" and failures[0]["path"] == targets[case]
+    assert [e["failures"] for e in failures] == [1, 2]
+    assert [e["decision_id"] for e in failures] == [first.decision_id, second.decision_id]
+    assert {e["log_level"] for e in failures} == {"warning"}
+    assert {e["path"] for e in failures} == {targets[case]}
 
 
 def test_permission_error_takes_the_same_path(tmp_path, monkeypatch):

@@ -21,12 +21,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class ReportingState:
-    """What the default reporter remembers: decisions seen (with counts), notices and
-    audit failures already shown."""
+    """What the default reporter remembers: decisions seen (with counts), notices already
+    shown and failed audit writes (counted per file and error kind)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     notices_seen: set[tuple[str, str]] = field(default_factory=set)
-    audit_failures: set[tuple[str, str]] = field(default_factory=set)
+    audit_failures: dict[tuple[str, str], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def clear(self) -> None:

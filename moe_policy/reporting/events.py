@@ -187,15 +187,18 @@ class Reporter:
             raise AuditWriteError(f"audit log {sink.path!r} could not be written: {error}")
         key = (sink.path, type(error).__name__)
         with self.memory.lock:
-            first = key not in self.memory.audit_failures
-            self.memory.audit_failures.add(key)
-        if first:
-            self.log().warning(
-                "moe_policy.audit_failed",
-                path=sink.path,
-                error=str(error),
-                detail="decision returned without an audit line",
-            )
+            failures = self.memory.audit_failures.get(key, 0) + 1
+            self.memory.audit_failures[key] = failures
+        # every lost line is reported (a decision is made once per layer build, not per
+        # token); ``failures`` counts them per file and error kind
+        self.log().warning(
+            "moe_policy.audit_failed",
+            path=sink.path,
+            error=str(error),
+            decision_id=decision.decision_id,
+            failures=failures,
+            detail="decision returned without an audit line",
+        )
 
 
 #: The process-wide reporter; what it remembers is process state (``moe_policy.reset()``).
