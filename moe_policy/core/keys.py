@@ -30,7 +30,16 @@ QUANTIZATIONS = (
 #: checkpoint format the scheme was read from (moe_policy.core.quantization).
 QUANT_WEIGHT_SCALES = ("tensor", "channel", "block", "group")
 QUANT_ACTIVATIONS = ("none", "static_tensor", "dynamic_tensor", "dynamic_token", "dynamic_group")
-QUANT_FORMATS = ("fp8", "fbgemm_fp8", "compressed-tensors", "modelopt", "mxfp4", "mlx", "awq", "gptq")
+QUANT_FORMATS = (
+    "fp8",
+    "fbgemm_fp8",
+    "compressed-tensors",
+    "modelopt",
+    "mxfp4",
+    "mlx",
+    "awq",
+    "gptq",
+)
 ACTIVATIONS = (
     "silu",
     "gelu",
@@ -112,7 +121,9 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
         "model.architecture": KeySpec("str", "Hugging Face architecture class"),
         "model.dtype": KeySpec("str", "weight/activation dtype", DTYPES),
         "model.quantization": KeySpec("str", "experts' weight quantization scheme", QUANTIZATIONS),
-        "model.quant.format": KeySpec("str", "checkpoint format of the quantization", QUANT_FORMATS),
+        "model.quant.format": KeySpec(
+            "str", "checkpoint format of the quantization", QUANT_FORMATS
+        ),
         "model.quant.weight_scale": KeySpec(
             "str", "weight scale granularity (block: model.quant.block)", QUANT_WEIGHT_SCALES
         ),
