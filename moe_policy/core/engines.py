@@ -112,9 +112,12 @@ WEIGHT_ONLY_ORACLE = "int_wna16"
 
 def oracle_for(scheme: str, activation: str | None = None) -> str:
     """The oracle that decides layers of ``scheme``: ``int_wna16`` for int4 weights and for
-    int8 weights with unquantized (``none``) activations, else the scheme's own."""
+    int8 weights with unquantized (``none``) activations, ``w4a8`` for int4 weights with fp8
+    activations, else the scheme's own."""
     if scheme == "int4" or (scheme == "int8" and activation == "none"):
         return WEIGHT_ONLY_ORACLE
+    if scheme == "w4a8_fp8":  # vLLM's w4a8 oracle: int4 weights, fp8 activations
+        return "w4a8"
     return scheme
 
 
@@ -133,7 +136,7 @@ VLLM_0_33 = EngineProfile(
     policy_path=paths.CONFIG_DIR / "engines" / "vllm-0.33" / "default.yaml",
     vllm_layout=True,
     description="vLLM 0.33's fused-MoE oracles, their experts classes and its LoRA layer",
-    oracles=("fp8", "mxfp4", "nvfp4", "int_wna16", "mxfp8", "int8"),
+    oracles=("fp8", "mxfp4", "nvfp4", "int_wna16", "mxfp8", "int8", "w4a8"),
 )
 
 #: Every profile, by engine name, newest last.

@@ -67,8 +67,8 @@ def test_own_engine_still_has_no_quantized_kernel():
 
 def test_a_scheme_without_an_oracle_description_is_one_error(tmp_path):
     config = json.loads(Path(QWEN3).read_text())
-    # compressed-tensors W4A8 (int4 weights, fp8 activations: vLLM's w4a8 oracle, which the
-    # profile does not describe)
+    # compressed-tensors W4A8 int8 (int4 weights, int8 activations: vLLM's w4a8_int8 oracle,
+    # which the profile does not describe)
     config["quantization_config"] = {
         "quant_method": "compressed-tensors",
         "format": "pack-quantized",
@@ -77,7 +77,7 @@ def test_a_scheme_without_an_oracle_description_is_one_error(tmp_path):
                 "targets": ["Linear"],
                 "weights": {"num_bits": 4, "type": "int", "strategy": "group",
                             "group_size": 128, "symmetric": True, "dynamic": False},
-                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
                                       "symmetric": True, "dynamic": True},
             }
         },
@@ -89,7 +89,7 @@ def test_a_scheme_without_an_oracle_description_is_one_error(tmp_path):
     assert len(run.errors()) == 1
     line = run.errors()[0]
     assert line.startswith(f"moe-policy: error: file:{path}:")
-    assert "has no description of its w4a8_fp8 MoE oracle" in line
+    assert "has no description of its w4a8_int8 MoE oracle" in line
 
 
 def test_engine_oracle_suffix():

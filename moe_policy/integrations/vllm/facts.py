@@ -261,6 +261,9 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
         scheme, scale, group = "mxfp4", "group", 32
     elif weight_key == q.kNvfp4Static:
         scheme, scale, group = "nvfp4", "group", 16
+    elif weight_key == q.kInt4Static and activation_key == q.kFp8DynamicTokenSym:
+        # vLLM's compressed-tensors W4A8 method takes symmetric groups of 128 only
+        scheme, scale, group = "w4a8_fp8", "group", 128
     elif weight_key == q.kInt8StaticChannelSym:
         scheme, scale = "int8", "channel"
     elif weight_key == q.kInt8StaticTensorSym:
@@ -530,3 +533,24 @@ def int8_request_entry(value: str) -> Entry | None:
             key="backend",
         )
     return Entry("backend", INT8_REQUESTABLE[value], origin)
+
+
+#: ``--moe-backend`` values of vLLM's w4a8 oracle -> catalog names.
+W4A8_REQUESTABLE: Mapping[str, str] = {"cutlass": "vllm_cutlass", "humming": "humming"}
+
+
+def w4a8_request_entry(value: str) -> Entry | None:
+    """``--moe-backend`` as the W4A8 (int4 x fp8) oracle's request (None: auto)."""
+    value = str(value or "auto")
+    if value == "auto":
+        return None
+    origin = vllm_origin("--moe-backend")
+    if value not in W4A8_REQUESTABLE:
+        raise PolicyError(
+            f"moe_backend={value!r} is not supported for W4A8 MoE"
+            f"{did_you_mean(value, W4A8_REQUESTABLE)} "
+            f"(expected one of {', '.join(W4A8_REQUESTABLE)})",
+            origin,
+            key="backend",
+        )
+    return Entry("backend", W4A8_REQUESTABLE[value], origin)

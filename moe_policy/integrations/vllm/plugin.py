@@ -1,5 +1,5 @@
-"""The vLLM general plugin: vLLM's unquantized, fp8, mxfp4, nvfp4, mxfp8, int8 (w8a8) and
-GPTQ/AWQ weight-only integer MoE selection go through the policy.
+"""The vLLM general plugin: vLLM's unquantized, fp8, mxfp4, nvfp4, mxfp8, int8 (w8a8), W4A8
+(int4 x fp8) and GPTQ/AWQ weight-only integer MoE selection go through the policy.
 
 Registered in the ``vllm.general_plugins`` entry-point group as ``moe_policy``; vLLM loads
 it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`register` puts
@@ -7,7 +7,7 @@ it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`registe
 ``UnquantizedFusedMoEMethod`` looks its selector up (and in the oracle module, for direct
 callers), and :func:`~moe_policy.integrations.vllm.selection.select_fp8_moe_backend` and
 :func:`~moe_policy.integrations.vllm.selection.select_mxfp4_moe_backend` and ``..._nvfp4_...``
-``..._mxfp8_...`` and ``..._int8_...`` in their oracles and
+``..._mxfp8_...``, ``..._int8_...`` and ``..._w4a8_...`` in their oracles and
 every quantization method that calls them, ``..._wna16_...`` in the GPTQ and AWQ methods; a second call changes nothing. A vLLM release no profile describes fails here,
 at plugin load, with the list of known profiles.
 """
@@ -78,6 +78,14 @@ INT8_CALLERS = (
 )
 
 
+#: The modules that bind vLLM 0.33's W4A8 (int4 x fp8) selector by name.
+W4A8_CALLERS = (
+    "vllm.model_executor.layers.fused_moe.oracle.w4a8",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+    "compressed_tensors_moe_w4a8_fp8",
+)
+
+
 #: The modules that bind vLLM 0.33's weight-only integer selector by name: the GPTQ and AWQ
 #: methods (the profile describes their checkpoints; compressed-tensors, MoeWNA16 and Quark
 #: layers keep vLLM's own selection).
@@ -94,7 +102,7 @@ def _install(module: Any, name: str, replacement: Any) -> None:
 
 
 def register() -> None:
-    """Route vLLM's unquantized, fp8, mxfp4, nvfp4, mxfp8, int8 and GPTQ/AWQ int MoE selection
+    """Route vLLM's unquantized, fp8, mxfp4, nvfp4, mxfp8, int8, W4A8 and GPTQ/AWQ int MoE selection
     through the policy (idempotent)."""
     import importlib
 
@@ -113,6 +121,7 @@ def register() -> None:
         (NVFP4_CALLERS, "select_nvfp4_moe_backend"),
         (MXFP8_CALLERS, "select_mxfp8_moe_backend"),
         (INT8_CALLERS, "select_int8_moe_backend"),
+        (W4A8_CALLERS, "select_w4a8_moe_backend"),
         (WNA16_CALLERS, "select_wna16_moe_backend"),
     ):
         routed = _routed(getattr(selection, function))

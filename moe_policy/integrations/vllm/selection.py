@@ -41,6 +41,7 @@ from moe_policy.integrations.vllm.facts import (
     quant_facts,
     request_entry,
     vllm_origin,
+    w4a8_request_entry,
 )
 from moe_policy.integrations.vllm.wna16 import Wna16Call, wna16_facts, wna16_request_entry
 
@@ -235,6 +236,8 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
             )
             packages = fp8_packages(os.environ, tuple(platform.packages or ()))
             platform = dataclasses.replace(platform, packages=packages)
+        elif quantized.oracle == "w4a8":
+            request = w4a8_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "int8":
             request = int8_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "mxfp8":
@@ -271,7 +274,7 @@ def _oracle_module(name: str) -> Any:
 
 def _backend_enum(oracle: Any, name: str) -> Any:
     enums = ("Fp8MoeBackend", "Mxfp4MoeBackend", "NvFp4MoeBackend", "WNA16MoEBackend",
-             "Int8MoeBackend")  # fmt: skip
+             "Int8MoeBackend", "W4A8MoeBackend")  # fmt: skip
     enum = next(getattr(oracle, e) for e in enums if hasattr(oracle, e))
     return enum[name]
 
@@ -363,7 +366,8 @@ def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
 #: The quantization method classes that ask the fp8 oracle, by checkpoint format.
 _FP8_CALLERS = {"ModelOptFp8MoEMethod": "modelopt", "Fp8MoEMethod": "fp8",
                 "ModelOptNvFp4FusedMoE": "modelopt",
-                "CompressedTensorsW8A8Int8MoEMethod": "compressed-tensors"}  # fmt: skip
+                "CompressedTensorsW8A8Int8MoEMethod": "compressed-tensors",
+                "CompressedTensorsW4A8Fp8MoEMethod": "compressed-tensors"}  # fmt: skip
 
 
 def _caller_format(allow_vllm_cutlass: bool) -> str:
@@ -431,6 +435,18 @@ def select_int8_moe_backend(
     weight = q.kInt8StaticChannelSym if weight_key is None else weight_key
     activation = q.kInt8DynamicTokenSym if activation_key is None else activation_key
     return _select_quantized(config, Quantized("int8", weight, activation, _caller_format(False)))
+
+
+def select_w4a8_moe_backend(
+    config: Any, weight_key: Any = None, activation_key: Any = None
+) -> tuple[Any, type | None]:
+    """vLLM's W4A8 (int4 weights, fp8 activations) selection function, decided by the policy
+    (same arguments, same result)."""
+    from vllm.model_executor.layers.quantization.utils import quant_utils as q
+
+    weight = q.kInt4Static if weight_key is None else weight_key
+    activation = q.kFp8DynamicTokenSym if activation_key is None else activation_key
+    return _select_quantized(config, Quantized("w4a8", weight, activation, _caller_format(False)))
 
 
 def select_mxfp8_moe_backend(config: Any) -> tuple[Any, type | None]:

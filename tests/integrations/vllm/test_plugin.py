@@ -27,6 +27,7 @@ from vllm.model_executor.layers.fused_moe.oracle import int_wna16 as wna16_oracl
 from vllm.model_executor.layers.fused_moe.oracle import mxfp8 as mxfp8_oracle
 from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as nvfp4_oracle
 from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
+from vllm.model_executor.layers.fused_moe.oracle import w4a8 as w4a8_oracle
 from vllm.model_executor.layers.quantization import fp8 as fp8_method
 from vllm.model_executor.layers.quantization import mxfp4 as mxfp4_method
 
@@ -42,6 +43,7 @@ VLLM_SELECT_NVFP4 = nvfp4_oracle.select_nvfp4_moe_backend
 VLLM_SELECT_WNA16 = wna16_oracle.select_wna16_moe_backend
 VLLM_SELECT_MXFP8 = mxfp8_oracle.select_mxfp8_moe_backend
 VLLM_SELECT_INT8 = int8_oracle.select_int8_moe_backend
+VLLM_SELECT_W4A8 = w4a8_oracle.select_w4a8_moe_backend
 ENTRY = "moe_policy.integrations.vllm.plugin:register"
 #: Nemotron-3-Nano's routed experts (non-gated relu2) with LoRA on an H200.
 NEMOTRON_LORA = Case(
@@ -93,6 +95,9 @@ def clean(monkeypatch) -> Iterator[None]:
     for name in plugin.INT8_CALLERS:
         if name in sys.modules:
             sys.modules[name].select_int8_moe_backend = VLLM_SELECT_INT8
+    for name in plugin.W4A8_CALLERS:
+        if name in sys.modules:
+            sys.modules[name].select_w4a8_moe_backend = VLLM_SELECT_W4A8
     for name in plugin.WNA16_CALLERS:
         if name in sys.modules:
             sys.modules[name].select_wna16_moe_backend = VLLM_SELECT_WNA16
@@ -460,3 +465,24 @@ def test_an_int8_layer_is_decided_through_the_policy_and_audited(monkeypatch, tm
     context = json.loads(line)["context"]
     assert context["model.quantization"] == {"value": "int8", "origin": "vllm:weight_key"}
     assert context["model.quant.activation"]["value"] == "dynamic_token"
+
+
+def test_a_w4a8_layer_is_decided_through_the_policy_and_audited(monkeypatch, tmp_path):
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w4a8_fp8 as ct_w4a8,
+    )
+
+    load_plugins(monkeypatch)
+    installed = ct_w4a8.select_w4a8_moe_backend
+    assert getattr(installed, plugin.MARK) is True
+    assert w4a8_oracle.select_w4a8_moe_backend is installed
+    audit = tmp_path / "audit.jsonl"
+    case = Case(name="qwen3-w4a8", **MODELS["qwen3-30b-a3b"], platform="cuda",
+                capability=(9, 0), quant="w4a8-fp8")  # fmt: skip
+    with layer_build(case, {"MOE_POLICY_AUDIT_LOG": str(audit)}):
+        backend, experts = installed(config=moe_config(case))
+    assert (backend.name, experts.__name__) == ("CUTLASS", "CutlassExpertsW4A8Fp8")
+    [line] = audit.read_text().splitlines()
+    context = json.loads(line)["context"]
+    assert context["model.quantization"] == {"value": "w4a8_fp8", "origin": "vllm:weight_key"}
+    assert context["model.quant.group_size"]["value"] == 128
