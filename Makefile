@@ -62,6 +62,7 @@ lint-policy: setup
 	.venv/bin/moe-policy lint --engine vllm/mxfp8 configs/engines/vllm-0.33/mxfp8-default.yaml
 	.venv/bin/moe-policy lint --engine vllm/int8 configs/engines/vllm-0.33/int8-default.yaml
 	.venv/bin/moe-policy lint --engine vllm/w4a8 configs/engines/vllm-0.33/w4a8-default.yaml
+	.venv/bin/moe-policy lint --engine vllm/w4a8_int8 configs/engines/vllm-0.33/w4a8_int8-default.yaml
 
 bench: setup
 	$(PY) -m benchmarks.policy

@@ -136,7 +136,7 @@ VLLM_0_33 = EngineProfile(
     policy_path=paths.CONFIG_DIR / "engines" / "vllm-0.33" / "default.yaml",
     vllm_layout=True,
     description="vLLM 0.33's fused-MoE oracles, their experts classes and its LoRA layer",
-    oracles=("fp8", "mxfp4", "nvfp4", "int_wna16", "mxfp8", "int8", "w4a8"),
+    oracles=("fp8", "mxfp4", "nvfp4", "int_wna16", "mxfp8", "int8", "w4a8", "w4a8_int8"),
 )
 
 #: Every profile, by engine name, newest last.

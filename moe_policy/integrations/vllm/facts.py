@@ -244,6 +244,13 @@ FP8_BATCHED = {"triton": "batched_triton", "deep_gemm": "batched_deep_gemm",
                "vllm_cutlass": "batched_vllm_cutlass"}  # fmt: skip
 
 
+def _w4a8_int8_keys(q: Any) -> tuple[Any, ...]:
+    """vLLM's weight keys of W4A8 int8 layers (int4 values in int8 storage)."""
+    names = ("kInt4W4A8StaticChannelSym", "kInt4W4A8StaticGroup128Sym",
+             "kInt4W4A8StaticGroup64Sym", "kInt4W4A8StaticGroup32Sym")  # fmt: skip
+    return tuple(getattr(q, name) for name in names)
+
+
 def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tuple[Any, Origin]]:
     """The ``model.*`` quantization facts of a layer from vLLM's (weight, activation) keys."""
     from vllm.model_executor.layers.quantization.utils import quant_utils as q
@@ -264,6 +271,11 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
     elif weight_key == q.kInt4Static and activation_key == q.kFp8DynamicTokenSym:
         # vLLM's compressed-tensors W4A8 method takes symmetric groups of 128 only
         scheme, scale, group = "w4a8_fp8", "group", 128
+    elif weight_key in _w4a8_int8_keys(q) and activation_key is None:
+        # int4 weights stored as int8; the kernel quantizes activations to int8 itself
+        size = weight_key.scale.group_shape.col
+        scheme, scale = "w4a8_int8", "group" if size > 1 else "channel"
+        group = size if size > 1 else None
     elif weight_key == q.kInt8StaticChannelSym:
         scheme, scale = "int8", "channel"
     elif weight_key == q.kInt8StaticTensorSym:
@@ -554,3 +566,19 @@ def w4a8_request_entry(value: str) -> Entry | None:
             key="backend",
         )
     return Entry("backend", W4A8_REQUESTABLE[value], origin)
+
+
+def w4a8_int8_request_entry(value: str) -> Entry | None:
+    """``--moe-backend`` as the W4A8 int8 oracle's request (None: auto; vLLM maps cpu only)."""
+    value = str(value or "auto")
+    if value == "auto":
+        return None
+    origin = vllm_origin("--moe-backend")
+    if value != "cpu":
+        raise PolicyError(
+            f"moe_backend={value!r} is not supported for W4A8 Int8 MoE"
+            f"{did_you_mean(value, ('cpu',))} (expected cpu)",
+            origin,
+            key="backend",
+        )
+    return Entry("backend", "cpu", origin)

@@ -1,5 +1,6 @@
 """The vLLM general plugin: vLLM's unquantized, fp8, mxfp4, nvfp4, mxfp8, int8 (w8a8), W4A8
-(int4 x fp8) and GPTQ/AWQ weight-only integer MoE selection go through the policy.
+(int4 x fp8 and int4 x int8) and GPTQ/AWQ weight-only integer MoE selection go through the
+policy.
 
 Registered in the ``vllm.general_plugins`` entry-point group as ``moe_policy``; vLLM loads
 it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`register` puts
@@ -7,7 +8,7 @@ it in every process (select or exclude it with ``VLLM_PLUGINS``). :func:`registe
 ``UnquantizedFusedMoEMethod`` looks its selector up (and in the oracle module, for direct
 callers), and :func:`~moe_policy.integrations.vllm.selection.select_fp8_moe_backend` and
 :func:`~moe_policy.integrations.vllm.selection.select_mxfp4_moe_backend` and ``..._nvfp4_...``
-``..._mxfp8_...``, ``..._int8_...`` and ``..._w4a8_...`` in their oracles and
+``..._mxfp8_...``, ``..._int8_...``, ``..._w4a8_...`` and ``..._w4a8_int8_...`` in their oracles and
 every quantization method that calls them, ``..._wna16_...`` in the GPTQ and AWQ methods; a second call changes nothing. A vLLM release no profile describes fails here,
 at plugin load, with the list of known profiles.
 """
@@ -86,6 +87,14 @@ W4A8_CALLERS = (
 )
 
 
+#: The modules that bind vLLM 0.33's W4A8 int8 (int4 x int8) selector by name.
+W4A8_INT8_CALLERS = (
+    "vllm.model_executor.layers.fused_moe.oracle.w4a8_int8",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+    "compressed_tensors_moe_w4a8_int8",
+)
+
+
 #: The modules that bind vLLM 0.33's weight-only integer selector by name: the GPTQ and AWQ
 #: methods (the profile describes their checkpoints; compressed-tensors, MoeWNA16 and Quark
 #: layers keep vLLM's own selection).
@@ -122,6 +131,7 @@ def register() -> None:
         (MXFP8_CALLERS, "select_mxfp8_moe_backend"),
         (INT8_CALLERS, "select_int8_moe_backend"),
         (W4A8_CALLERS, "select_w4a8_moe_backend"),
+        (W4A8_INT8_CALLERS, "select_w4a8_int8_moe_backend"),
         (WNA16_CALLERS, "select_wna16_moe_backend"),
     ):
         routed = _routed(getattr(selection, function))

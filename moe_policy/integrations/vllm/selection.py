@@ -41,6 +41,7 @@ from moe_policy.integrations.vllm.facts import (
     quant_facts,
     request_entry,
     vllm_origin,
+    w4a8_int8_request_entry,
     w4a8_request_entry,
 )
 from moe_policy.integrations.vllm.wna16 import Wna16Call, wna16_facts, wna16_request_entry
@@ -236,6 +237,8 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
             )
             packages = fp8_packages(os.environ, tuple(platform.packages or ()))
             platform = dataclasses.replace(platform, packages=packages)
+        elif quantized.oracle == "w4a8_int8":
+            request = w4a8_int8_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "w4a8":
             request = w4a8_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "int8":
@@ -274,7 +277,7 @@ def _oracle_module(name: str) -> Any:
 
 def _backend_enum(oracle: Any, name: str) -> Any:
     enums = ("Fp8MoeBackend", "Mxfp4MoeBackend", "NvFp4MoeBackend", "WNA16MoEBackend",
-             "Int8MoeBackend", "W4A8MoeBackend")  # fmt: skip
+             "Int8MoeBackend", "W4A8MoeBackend", "W4A8Int8MoeBackend")  # fmt: skip
     enum = next(getattr(oracle, e) for e in enums if hasattr(oracle, e))
     return enum[name]
 
@@ -447,6 +450,15 @@ def select_w4a8_moe_backend(
     weight = q.kInt4Static if weight_key is None else weight_key
     activation = q.kFp8DynamicTokenSym if activation_key is None else activation_key
     return _select_quantized(config, Quantized("w4a8", weight, activation, _caller_format(False)))
+
+
+def select_w4a8_int8_moe_backend(
+    config: Any, weight_key: Any, activation_key: Any
+) -> tuple[Any, type | None]:
+    """vLLM's W4A8 int8 (int4 weights, int8 activations) selection function, decided by the
+    policy (same arguments, same result)."""
+    quantized = Quantized("w4a8_int8", weight_key, activation_key, _caller_format(False))
+    return _select_quantized(config, quantized)
 
 
 def select_mxfp8_moe_backend(config: Any) -> tuple[Any, type | None]:

@@ -47,6 +47,7 @@ import vllm.model_executor.layers.fused_moe.oracle.mxfp8 as mxfp8_oracle
 import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as nvfp4_oracle
 import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
 import vllm.model_executor.layers.fused_moe.oracle.w4a8 as w4a8_oracle
+import vllm.model_executor.layers.fused_moe.oracle.w4a8_int8 as w4a8_int8_oracle
 import vllm.platforms
 import vllm.utils.deep_gemm as vllm_deep_gemm
 import vllm.utils.flashinfer as vllm_flashinfer
@@ -95,6 +96,10 @@ _SELECT_W4A8 = w4a8_oracle.select_w4a8_moe_backend
 assert _SELECT_W4A8.__module__ == w4a8_oracle.__name__, "vLLM's w4a8 selector is patched"
 for _backend in w4a8_oracle.W4A8MoeBackend:
     w4a8_oracle.backend_to_kernel_cls(_backend)
+_SELECT_W4A8_INT8 = w4a8_int8_oracle.select_w4a8_int8_moe_backend
+assert _SELECT_W4A8_INT8.__module__ == w4a8_int8_oracle.__name__, "w4a8_int8 selector patched"
+for _backend in w4a8_int8_oracle.W4A8Int8MoeBackend:
+    w4a8_int8_oracle.backend_to_kernel_cls(_backend)
 _SELECT_WNA16 = wna16_oracle.select_wna16_moe_backend
 assert _SELECT_WNA16.__module__ == wna16_oracle.__name__, "vLLM's wna16 selector is patched"
 for _backend in wna16_oracle.WNA16MoEBackend:
@@ -516,6 +521,8 @@ def _select(case: Case) -> tuple[Any, type | None, str | None]:
                 backend, experts = _SELECT_NVFP4(config, qk.kNvfp4Static, qk.kNvfp4Dynamic)
             elif case.quant == "mxfp8":
                 backend, experts = _SELECT_MXFP8(config)
+            elif case.quant == "w4a8-int8":
+                backend, experts = _SELECT_W4A8_INT8(config, qk.kInt4W4A8StaticGroup128Sym, None)
             elif case.quant == "w4a8-fp8":
                 backend, experts = _SELECT_W4A8(config)
             elif case.quant in INT8_QUANTS:
@@ -852,6 +859,18 @@ QUANTS: dict[str, dict[str, Any]] = {
             "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
                         "symmetric": True, "dynamic": False},
             "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                  "symmetric": True, "dynamic": True}}},
+        "ignore": ["lm_head"],
+    },
+    # compressed-tensors W4A8 int8 (int4 weights in symmetric groups of 128, dynamic per-token
+    # int8 activations), the layout vLLM's CompressedTensorsW4A8Int8MoEMethod takes
+    "w4a8-int8": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+                        "symmetric": True, "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
                                   "symmetric": True, "dynamic": True}}},
         "ignore": ["lm_head"],
     },
@@ -1226,5 +1245,26 @@ def w4a8_grid() -> list[Case]:
     layouts, LoRA, dtypes and explicit backends (first occurrence kept)."""
     seen: dict[Case, Case] = {}
     for case in _w4a8_subgrids():
+        seen.setdefault(replace(case, name=""), case)
+    return list(seen.values())
+
+
+def _w4a8_int8_subgrids() -> Iterator[Case]:
+    for model in ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"):
+        for platform in PLATFORMS:
+            for lora in (False, True):
+                yield _qcase(model, "w4a8-int8", platform, lora=lora)
+        for layout in ("tp2", "ep-tp2"):
+            yield _qcase(model, "w4a8-int8", "cpu-arm", layout)
+        for backend in ("cpu", "triton"):
+            for platform in ("cpu-arm", "cpu-x86-amx", "cuda9.0"):
+                yield _qcase(model, "w4a8-int8", platform, moe_backend=backend)
+
+
+def w4a8_int8_grid() -> list[Case]:
+    """The W4A8 int8 oracle's grid: compressed-tensors W4A8 int8 layers over platforms,
+    layouts, LoRA and explicit backends (first occurrence kept)."""
+    seen: dict[Case, Case] = {}
+    for case in _w4a8_int8_subgrids():
         seen.setdefault(replace(case, name=""), case)
     return list(seen.values())

@@ -51,6 +51,7 @@ from tests.integrations.vllm.harness import (
     set_current_vllm_config,
     vllm_config,
     w4a8_grid,
+    w4a8_int8_grid,
     wna16_arguments,
     wna16_grid,
 )
@@ -98,7 +99,7 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
             try:
                 config = moe_config(case)
                 fp8 = case.quant not in (None, "mxfp4", "mxfp8", "nvfp4", "w4a8-fp8",
-                                         *WNA16_QUANTS, *INT8_QUANTS)  # fmt: skip
+                                         "w4a8-int8", *WNA16_QUANTS, *INT8_QUANTS)  # fmt: skip
                 keys = fp8_keys(case, config) if fp8 else ()
             except Exception as exc:  # vLLM's config or quant method refuses: nothing to select
                 return None, f"config: {type(exc).__name__}: {exc}"
@@ -109,6 +110,9 @@ def ours_inside_vllm(case: Case, strict: bool = False) -> tuple[Any, str | None]
                     return _plain(selection.select_mxfp4_moe_backend(config)), None
                 if case.quant == "mxfp8":
                     return _plain(selection.select_mxfp8_moe_backend(config)), None
+                if case.quant == "w4a8-int8":  # CompressedTensorsW4A8Int8MoEMethod's keys
+                    keys = (qk.kInt4W4A8StaticGroup128Sym, None)
+                    return _plain(selection.select_w4a8_int8_moe_backend(config, *keys)), None
                 if case.quant == "w4a8-fp8":  # CompressedTensorsW4A8Fp8MoEMethod's defaults
                     return _plain(selection.select_w4a8_moe_backend(config)), None
                 if case.quant in INT8_QUANTS:
@@ -177,6 +181,9 @@ def _dry_selector(case: Case) -> Selector:
     if case.quant in WNA16_QUANTS:
         quant = _checkpoint_quantization(case)
         request = wna16.wna16_request_entry(case.moe_backend)
+    elif case.quant == "w4a8-int8":
+        quant = _checkpoint_quantization(case)
+        request = facts.w4a8_int8_request_entry(case.moe_backend)
     elif case.quant == "w4a8-fp8":
         quant = _checkpoint_quantization(case)
         request = facts.w4a8_request_entry(case.moe_backend)
@@ -264,7 +271,8 @@ def requested(case: Case) -> bool:
     if case.quant is None:
         return case.moe_backend not in ("auto", "humming", "marlin")
     if case.moe_backend != "auto" or case.quant in ("mxfp4", "mxfp8", "nvfp4", "w4a8-fp8",
-                                                    *WNA16_QUANTS, *INT8_QUANTS):  # fmt: skip
+                                                    "w4a8-int8", *WNA16_QUANTS,
+                                                    *INT8_QUANTS):  # fmt: skip
         return case.moe_backend != "auto"
     env = dict(case.env)
     dg = [env.get(k, "1") for k in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")]
@@ -342,6 +350,11 @@ def mxfp4_results() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def nvfp4_results() -> list[dict[str, Any]]:
     return _quietly(nvfp4_grid(), "nvfp4")
+
+
+@pytest.fixture(scope="module")
+def w4a8_int8_results() -> list[dict[str, Any]]:
+    return _quietly(w4a8_int8_grid(), "w4a8_int8")
 
 
 @pytest.fixture(scope="module")
@@ -459,7 +472,7 @@ def test_fp8_differences_are_documented_ones_and_seen(fp8_results):
 def test_the_fp8_grid_covers_every_scheme_and_picks_many_backends(fp8_results):
     cases = [r["case"] for r in fp8_results]
     assert len(cases) >= 500
-    others = {"mxfp4", "mxfp8", "nvfp4", "w4a8-fp8", *WNA16_QUANTS, *INT8_QUANTS}
+    others = {"mxfp4", "mxfp8", "nvfp4", "w4a8-fp8", "w4a8-int8", *WNA16_QUANTS, *INT8_QUANTS}
     assert {c.quant for c in cases} == set(QUANTS) - others
     picked = {r["vllm"].backend for r in fp8_results if r["vllm"].error is None}
     assert picked >= {"TRITON", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "MARLIN",
@@ -561,3 +574,18 @@ def test_w4a8_differences_are_documented_ones_and_seen(w4a8_results):
     assert "request_fallback_warns" in seen
     picked = {r["vllm"].backend for r in w4a8_results if r["vllm"].error is None}
     assert picked >= {"CUTLASS"}
+
+
+def test_w4a8_int8_inside_vllm_agrees_except_documented_differences(w4a8_int8_results):
+    assert _mismatches(w4a8_int8_results, "inside")[:20] == []
+
+
+def test_w4a8_int8_dry_run_profile_agrees_except_documented_differences(w4a8_int8_results):
+    assert _mismatches(w4a8_int8_results, "dry")[:20] == []
+
+
+def test_w4a8_int8_differences_are_documented_ones_and_seen(w4a8_int8_results):
+    rows = w4a8_int8_results
+    seen = {r["inside_class"] for r in rows} | {r["dry_class"] for r in rows}
+    assert seen <= {"agree", *DELIBERATE}
+    assert {r["vllm"].backend for r in rows if r["vllm"].error is None} == {"CPU_INT4"}

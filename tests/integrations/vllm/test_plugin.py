@@ -486,3 +486,18 @@ def test_a_w4a8_layer_is_decided_through_the_policy_and_audited(monkeypatch, tmp
     context = json.loads(line)["context"]
     assert context["model.quantization"] == {"value": "w4a8_fp8", "origin": "vllm:weight_key"}
     assert context["model.quant.group_size"]["value"] == 128
+
+
+def test_the_w4a8_int8_selector_is_installed_where_vllm_calls_it(monkeypatch):
+    from vllm.model_executor.layers.fused_moe.oracle import w4a8_int8 as w4a8_int8_oracle
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w4a8_int8 as ct_w4a8_int8,
+    )
+
+    original = w4a8_int8_oracle.select_w4a8_int8_moe_backend
+    monkeypatch.setattr(ct_w4a8_int8, "select_w4a8_int8_moe_backend", original)
+    monkeypatch.setattr(w4a8_int8_oracle, "select_w4a8_int8_moe_backend", original)
+    load_plugins(monkeypatch)
+    installed = ct_w4a8_int8.select_w4a8_int8_moe_backend
+    assert getattr(installed, plugin.MARK) is True
+    assert w4a8_int8_oracle.select_w4a8_int8_moe_backend is installed
