@@ -589,3 +589,29 @@ def test_w4a8_int8_differences_are_documented_ones_and_seen(w4a8_int8_results):
     seen = {r["inside_class"] for r in rows} | {r["dry_class"] for r in rows}
     assert seen <= {"agree", *DELIBERATE}
     assert {r["vllm"].backend for r in rows if r["vllm"].error is None} == {"CPU_INT4"}
+
+
+def _documented_row(oracle: str) -> list[int]:
+    """The per-oracle counts of docs/vllm.md's agreement table (cases, agree, then each code)."""
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == oracle:
+            return [int(c.replace(",", "")) for c in cells[1:]]
+    raise AssertionError(f"docs/vllm.md has no agreement row for {oracle}")
+
+
+def _measured_row(rows: list[dict[str, Any]]) -> list[int]:
+    codes = ("agree", "request_fallback_warns", "lora_layer_refused", "lora_unbuildable_refused",
+             "lora_request_honoured", "MISMATCH")  # fmt: skip
+    counts = [sum(r["inside_class"] == code for r in rows) for code in codes]
+    return [len(rows), *counts]
+
+
+def test_the_documented_counts_are_the_measured_ones(
+    mxfp8_results, int8_results, w4a8_results, w4a8_int8_results, wna16_results
+):
+    for oracle, rows in (("mxfp8", mxfp8_results), ("int8", int8_results),
+                         ("w4a8", w4a8_results), ("w4a8_int8", w4a8_int8_results),
+                         ("int_wna16", wna16_results)):  # fmt: skip
+        assert _documented_row(oracle) == _measured_row(rows), oracle
+        assert [r["dry_class"] for r in rows] == [r["inside_class"] for r in rows], oracle
