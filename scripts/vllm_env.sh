@@ -70,6 +70,14 @@ fi
 (cd /tmp && "$py" - <<'EOF'
 import vllm.model_executor.layers.fused_moe.config
 import vllm.model_executor.layers.fused_moe.oracle.unquantized
+import vllm.model_executor.layers.fused_moe.oracle.fp8
+import vllm.model_executor.layers.fused_moe.oracle.int8
+import vllm.model_executor.layers.fused_moe.oracle.int_wna16  # needs compressed_tensors
+import vllm.model_executor.layers.fused_moe.oracle.mxfp4
+import vllm.model_executor.layers.fused_moe.oracle.mxfp8
+import vllm.model_executor.layers.fused_moe.oracle.nvfp4
+import vllm.model_executor.layers.fused_moe.oracle.w4a8
+import vllm.model_executor.layers.fused_moe.oracle.w4a8_int8
 import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method
 import vllm.plugins
 import vllm.lora.layers.fused_moe
