@@ -4,9 +4,13 @@ oracle (its catalog and built-in policy), with LoRA too."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from moe_policy.core.engines import VLLM_0_33, oracle_for
+from tests.bundled import QWEN3
 from tests.cli.runner import run_cli, validate_record
 
 GPTQ_REL = "configs/models/qwen3-30b-a3b-gptq-int4.json"
@@ -105,3 +109,23 @@ def test_weight_only_int8_goes_to_the_int_wna16_oracle_and_w8a8_does_not():
 def test_lint_checks_the_int_wna16_policy_against_its_catalog():
     run = run_cli("lint", "--engine", "vllm/int_wna16", POLICY)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_weight_only_checkpoint_of_another_format_is_refused_with_the_reason(tmp_path):
+    # compressed-tensors W4A16: vLLM's compressed-tensors WNA16 method, which the profile
+    # does not describe, so no backend is decided by the GPTQ/AWQ rules.
+    config = json.loads(Path(QWEN3).read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+                        "symmetric": True, "dynamic": False}}},
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=2))
+    run = run_cli("explain", "--engine", "vllm", "--model", str(path), "--platform", "cuda",
+                  "--capability", "9.0")  # fmt: skip
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "describes the GPTQ and AWQ methods' int_wna16 layers only" in run.stdout + run.stderr
