@@ -25,9 +25,12 @@ def test_the_demo_script_passes_every_step():
 def test_make_demo_sets_up_the_base_package_only():
     """`make demo` builds its own environment with `pip install -e .` (no extras, so no torch)
     and does not depend on the full development environment `make test` builds."""
+    # run from `make test` too: a nested make would add "Entering directory" lines
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     done = subprocess.run(
-        ["make", "-n", "-B", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+        ["make", "--no-print-directory", "-n", "-B", "demo"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     commands = done.stdout.splitlines()
     assert "python3 -m venv --without-pip .venv-demo" in commands
