@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 from tests.fuzz.generators import ENV_NAMES, crafted_cases, env_case, flag_case
-from tests.fuzz.keep import CI, SEEDS, run_and_check
+from tests.fuzz.keep import CI, SEEDS, contract_report
 from tests.fuzz.pool import Case
 
 SPECIAL = [case for case in crafted_cases() if case.kind == "special"]
@@ -19,7 +19,8 @@ SPECIAL = [case for case in crafted_cases() if case.kind == "special"]
 @settings(CI, max_examples=60)
 @given(seed=SEEDS)
 def test_odd_environment_values_keep_the_contract(fuzz_worker, seed):
-    run_and_check(fuzz_worker, env_case(random.Random(seed)))
+    report = contract_report(fuzz_worker.run(env_case(random.Random(seed))))
+    assert report == "", report
 
 
 @pytest.mark.parametrize("name", ENV_NAMES)
@@ -31,15 +32,18 @@ def test_every_variable_read_with_an_empty_or_odd_value_keeps_the_contract(fuzz_
             {name: value},
             specials={"fifo": "fifo"},
         )
-        run_and_check(fuzz_worker, case)
+        report = contract_report(fuzz_worker.run(case))
+        assert report == "", report
 
 
 @settings(CI, max_examples=80)
 @given(seed=SEEDS)
 def test_odd_flags_keep_the_contract(fuzz_worker, seed):
-    run_and_check(fuzz_worker, flag_case(random.Random(seed)))
+    report = contract_report(fuzz_worker.run(flag_case(random.Random(seed))))
+    assert report == "", report
 
 
 @pytest.mark.parametrize("case", SPECIAL, ids=[case.note for case in SPECIAL])
 def test_a_file_that_is_not_a_regular_file_keeps_the_contract(fuzz_worker, case):
-    run_and_check(fuzz_worker, case)
+    report = contract_report(fuzz_worker.run(case))
+    assert report == "", report
