@@ -509,21 +509,28 @@ MXFP8_REQUESTABLE: Mapping[str, str] = {
 }
 
 
-def mxfp8_request_entry(value: str) -> Entry | None:
-    """``--moe-backend`` as the mxfp8 oracle's request (None: auto)."""
+def mapped_request_entry(value: str, requestable: Mapping[str, str], oracle: str) -> Entry | None:
+    """``--moe-backend`` as a quantized oracle's request, through that oracle's map of
+    vLLM's names to catalog names (None: auto); an unmapped value is an error naming the
+    flag, with a did-you-mean."""
     value = str(value or "auto")
     if value == "auto":
         return None
     origin = vllm_origin("--moe-backend")
-    if value not in MXFP8_REQUESTABLE:
+    if value not in requestable:
         raise PolicyError(
-            f"moe_backend={value!r} is not supported for MXFP8 MoE"
-            f"{did_you_mean(value, MXFP8_REQUESTABLE)} "
-            f"(expected one of {', '.join(MXFP8_REQUESTABLE)})",
+            f"moe_backend={value!r} is not supported for {oracle} MoE"
+            f"{did_you_mean(value, requestable)} "
+            f"(expected one of {', '.join(requestable)})",
             origin,
             key="backend",
         )
-    return Entry("backend", MXFP8_REQUESTABLE[value], origin)
+    return Entry("backend", requestable[value], origin)
+
+
+def mxfp8_request_entry(value: str) -> Entry | None:
+    """``--moe-backend`` as the mxfp8 oracle's request (None: auto)."""
+    return mapped_request_entry(value, MXFP8_REQUESTABLE, "MXFP8")
 
 
 #: ``--moe-backend`` values of vLLM's int8 oracle (map_int8_backend) -> catalog names.
@@ -532,19 +539,7 @@ INT8_REQUESTABLE: Mapping[str, str] = {"triton": "triton", "humming": "humming"}
 
 def int8_request_entry(value: str) -> Entry | None:
     """``--moe-backend`` as the int8 (w8a8) oracle's request (None: auto)."""
-    value = str(value or "auto")
-    if value == "auto":
-        return None
-    origin = vllm_origin("--moe-backend")
-    if value not in INT8_REQUESTABLE:
-        raise PolicyError(
-            f"moe_backend={value!r} is not supported for Int8 MoE"
-            f"{did_you_mean(value, INT8_REQUESTABLE)} "
-            f"(expected one of {', '.join(INT8_REQUESTABLE)})",
-            origin,
-            key="backend",
-        )
-    return Entry("backend", INT8_REQUESTABLE[value], origin)
+    return mapped_request_entry(value, INT8_REQUESTABLE, "Int8")
 
 
 #: ``--moe-backend`` values of vLLM's w4a8 oracle -> catalog names.
@@ -553,32 +548,9 @@ W4A8_REQUESTABLE: Mapping[str, str] = {"cutlass": "vllm_cutlass", "humming": "hu
 
 def w4a8_request_entry(value: str) -> Entry | None:
     """``--moe-backend`` as the W4A8 (int4 x fp8) oracle's request (None: auto)."""
-    value = str(value or "auto")
-    if value == "auto":
-        return None
-    origin = vllm_origin("--moe-backend")
-    if value not in W4A8_REQUESTABLE:
-        raise PolicyError(
-            f"moe_backend={value!r} is not supported for W4A8 MoE"
-            f"{did_you_mean(value, W4A8_REQUESTABLE)} "
-            f"(expected one of {', '.join(W4A8_REQUESTABLE)})",
-            origin,
-            key="backend",
-        )
-    return Entry("backend", W4A8_REQUESTABLE[value], origin)
+    return mapped_request_entry(value, W4A8_REQUESTABLE, "W4A8")
 
 
 def w4a8_int8_request_entry(value: str) -> Entry | None:
     """``--moe-backend`` as the W4A8 int8 oracle's request (None: auto; vLLM maps cpu only)."""
-    value = str(value or "auto")
-    if value == "auto":
-        return None
-    origin = vllm_origin("--moe-backend")
-    if value != "cpu":
-        raise PolicyError(
-            f"moe_backend={value!r} is not supported for W4A8 Int8 MoE"
-            f"{did_you_mean(value, ('cpu',))} (expected cpu)",
-            origin,
-            key="backend",
-        )
-    return Entry("backend", "cpu", origin)
+    return mapped_request_entry(value, {"cpu": "cpu"}, "W4A8 Int8")

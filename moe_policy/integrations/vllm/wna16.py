@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_policy.core.origin import Origin
-from moe_policy.errors import PolicyError, did_you_mean
-from moe_policy.integrations.vllm.facts import vllm_origin
+from moe_policy.errors import PolicyError
+from moe_policy.integrations.vllm.facts import mapped_request_entry, vllm_origin
 from moe_policy.settings import Entry
 
 #: ``--moe-backend`` values of vLLM's int_wna16 oracle (map_wna16_backend) -> catalog names.
@@ -85,16 +85,4 @@ def wna16_facts(call: Wna16Call) -> dict[str, tuple[Any, Origin]]:
 
 def wna16_request_entry(value: str) -> Entry | None:
     """``--moe-backend`` as the int_wna16 oracle's request (None: auto)."""
-    value = str(value or "auto")
-    if value == "auto":
-        return None
-    origin = vllm_origin("--moe-backend")
-    if value not in WNA16_REQUESTABLE:
-        raise PolicyError(
-            f"moe_backend={value!r} is not supported for WNA16 MoE"
-            f"{did_you_mean(value, WNA16_REQUESTABLE)} "
-            f"(expected one of {', '.join(WNA16_REQUESTABLE)})",
-            origin,
-            key="backend",
-        )
-    return Entry("backend", WNA16_REQUESTABLE[value], origin)
+    return mapped_request_entry(value, WNA16_REQUESTABLE, "WNA16")
