@@ -5,7 +5,7 @@ config inside), its platform and its availability probes, each fact with an orig
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moe_policy.core.model import ModelFacts
@@ -421,28 +421,13 @@ MXFP4_NOT_DESCRIBED = ("b12x", "deep_gemm", "flashinfer_trtllm_afp8", "flashinfe
 def mxfp4_request_entry(value: str, *, batched: bool) -> Entry | None:
     """``--moe-backend`` as the mxfp4 oracle's request (None: auto); the batched format
     swaps Marlin for its batched class, as vLLM does."""
-    value = str(value or "auto")
-    if value == "auto":
-        return None
-    origin = vllm_origin("--moe-backend")
-    if value in MXFP4_NOT_DESCRIBED:
-        raise PolicyError(
-            f"moe_backend={value!r} names an mxfp4 variant with quantized activations, which "
-            "the vLLM profile does not describe (described: "
-            f"{', '.join(MXFP4_REQUESTABLE)})",
-            origin,
-            key="backend",
-        )
-    if value not in MXFP4_REQUESTABLE:
-        known = (*MXFP4_REQUESTABLE, *MXFP4_NOT_DESCRIBED)
-        raise PolicyError(
-            f"moe_backend={value!r} is not supported for MXFP4 MoE{did_you_mean(value, known)}",
-            origin,
-            key="backend",
-        )
-    backend = MXFP4_REQUESTABLE[value]
-    return Entry(
-        "backend", "batched_marlin" if batched and backend == "marlin" else backend, origin
+    return mapped_request_entry(
+        value,
+        MXFP4_REQUESTABLE,
+        "MXFP4",
+        not_described=MXFP4_NOT_DESCRIBED,
+        not_described_what="variant with quantized activations",
+        batched_names={"marlin": "batched_marlin"} if batched else None,
     )
 
 
@@ -472,28 +457,13 @@ NVFP4_NOT_DESCRIBED = ("b12x", "flashinfer_b12x", "flashinfer_moe_ep_cutedsl")
 def nvfp4_request_entry(value: str, *, batched: bool) -> Entry | None:
     """``--moe-backend`` as the nvfp4 oracle's request (None: auto); the batched format swaps
     CuTe DSL for its batched class, as vLLM does."""
-    value = str(value or "auto")
-    if value == "auto":
-        return None
-    origin = vllm_origin("--moe-backend")
-    if value in NVFP4_NOT_DESCRIBED:
-        raise PolicyError(
-            f"moe_backend={value!r} names an nvfp4 backend the vLLM profile does not describe "
-            f"(described: {', '.join(NVFP4_REQUESTABLE)})",
-            origin,
-            key="backend",
-        )
-    if value not in NVFP4_REQUESTABLE:
-        known = (*NVFP4_REQUESTABLE, *NVFP4_NOT_DESCRIBED)
-        raise PolicyError(
-            f"moe_backend={value!r} is not supported for NvFP4 MoE{did_you_mean(value, known)}",
-            origin,
-            key="backend",
-        )
-    backend = NVFP4_REQUESTABLE[value]
-    if batched and backend == "flashinfer_cutedsl":
-        backend = "flashinfer_cutedsl_batched"
-    return Entry("backend", backend, origin)
+    return mapped_request_entry(
+        value,
+        NVFP4_REQUESTABLE,
+        "NvFP4",
+        not_described=NVFP4_NOT_DESCRIBED,
+        batched_names={"flashinfer_cutedsl": "flashinfer_cutedsl_batched"} if batched else None,
+    )
 
 
 #: ``--moe-backend`` values of vLLM's mxfp8 oracle (_BACKEND_NAME_MAP) -> catalog names.
@@ -509,23 +479,41 @@ MXFP8_REQUESTABLE: Mapping[str, str] = {
 }
 
 
-def mapped_request_entry(value: str, requestable: Mapping[str, str], oracle: str) -> Entry | None:
+def mapped_request_entry(
+    value: str,
+    requestable: Mapping[str, str],
+    oracle: str,
+    *,
+    not_described: Sequence[str] = (),
+    not_described_what: str = "backend",
+    batched_names: Mapping[str, str] | None = None,
+) -> Entry | None:
     """``--moe-backend`` as a quantized oracle's request, through that oracle's map of
-    vLLM's names to catalog names (None: auto); an unmapped value is an error naming the
-    flag, with a did-you-mean."""
+    vLLM's names to catalog names (None: auto). A name vLLM knows but the profile does not
+    describe (``not_described``) and an unknown name are errors naming the flag, with a
+    did-you-mean; under the batched format ``batched_names`` swaps a catalog name for its
+    batched class."""
     value = str(value or "auto")
     if value == "auto":
         return None
     origin = vllm_origin("--moe-backend")
+    if value in not_described:
+        raise PolicyError(
+            f"moe_backend={value!r} names an {oracle} {not_described_what} the vLLM profile "
+            f"does not describe (described: {', '.join(requestable)})",
+            origin,
+            key="backend",
+        )
     if value not in requestable:
         raise PolicyError(
             f"moe_backend={value!r} is not supported for {oracle} MoE"
-            f"{did_you_mean(value, requestable)} "
+            f"{did_you_mean(value, (*requestable, *not_described))} "
             f"(expected one of {', '.join(requestable)})",
             origin,
             key="backend",
         )
-    return Entry("backend", requestable[value], origin)
+    backend = requestable[value]
+    return Entry("backend", (batched_names or {}).get(backend, backend), origin)
 
 
 def mxfp8_request_entry(value: str) -> Entry | None:
