@@ -360,13 +360,6 @@ TAIL_TILES_TMA = tc.MoEConfig(
 )  # fmt: skip
 
 
-#: N tiles of 64 columns over N = 64*k + 24 (GEMM 1, I = 88) and + 8 (GEMM 2, H = 200): the last
-#: tile is at most half full and runs 32 and 16 wide.
-N_TAIL_TILES = tc.MoEConfig(
-    32, tc.GemmConfig(64, 32, 2, 4, 2, tma=True), tc.GemmConfig(64, 32, 2, 4, 2, tma=True)
-)
-
-
 def _block_fill(ti: torch.Tensor, num_experts: int, block_m: int) -> list[int]:
     """Real rows of each expert's last block (0 for experts without pairs)."""
     counts = torch.bincount(ti.flatten().long().cpu(), minlength=num_experts)
@@ -829,54 +822,6 @@ def test_decode_fused_sum_equals_sum_kernel(cfg, t, dtype, device, record_launch
     assert rel_err(fused, ref) < REL_TOL[dtype]
 
 
-@pytest.mark.parametrize(
-    ("cfg", "t", "tiles"),
-    [
-        (ExpertsConfig(8, 72, 40, 2, "silu"), 150, TAIL_TILES),  # short tail tiles sum too
-        (ExpertsConfig(8, 200, 88, 3, "relu2", gated=False), 40, N_TAIL_TILES),  # narrow N tile
-        (ExpertsConfig(16, 64, 48, 4, "swigluoai", has_bias=True), 24, SMALL_TILES_TMA),
-        (ExpertsConfig(8, 48, 32, 2, "silu", apply_router_weight_on_input=True), 600, TAIL_TILES),
-    ],
-    ids=["tail-m", "tail-n", "tma-bias", "multi-program-alignment"],
-)
-@pytest.mark.filterwarnings("ignore:invalid value encountered in (matmul|multiply):RuntimeWarning")
-def test_aligned_fused_sum_equals_sum_kernel(cfg, t, tiles, device, record_launches):
-    """An aligned GEMM 2 that sums (each row counts its pair in; the row completing its token's
-    valid pairs sums them) is bit-identical to the separate sum kernel: dropped slots, a token
-    with no valid slot (zeroed by GEMM 1), short and narrow tiles, a second call on the same
-    output memory."""
-    dtype = dtypes_for_device()[-1]
-    wts = make_weights(cfg, dtype, device)
-    conv = TritonExperts.convert_weights(
-        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
-    )
-    x = make_x(t, cfg.hidden_size, dtype, device)
-    tw, ti = make_routing(t, cfg.num_experts, cfg.top_k, device, seed=t)
-    ti[0, -1] = -1  # one slot on another rank
-    ti[2, :] = cfg.num_experts  # a token with no valid slot at all
-    problem = MoEProblem.of(cfg, t, x.element_size())
-    plan = plan_launch(problem, device_limits(x.device), tiles, naive=False)
-
-    def run(fused: bool) -> torch.Tensor:
-        return fused_moe_triton(
-            x, conv["w13"], conv["w2"], tw, ti, activation=cfg.activation, gated=cfg.gated,
-            w13_bias=conv["w13_bias"], w2_bias=conv["w2_bias"],
-            apply_router_weight_on_input=cfg.apply_router_weight_on_input,
-            plan=dataclasses.replace(plan, fused_sum=fused),
-        )  # fmt: skip
-
-    sums = _count_sum_launches(record_launches)
-    separate = run(False)
-    assert len(sums) == 1
-    fused = run(True)
-    assert len(sums) == 1  # GEMM 2 summed; no sum kernel ran
-    assert torch.equal(fused, separate)
-    assert torch.equal(run(True), fused)
-    assert bool((fused[2] == 0).all())
-    ref = reference_output(cfg, wts, x, tw, ti, dtype=torch.float64)
-    assert rel_err(fused, ref) < REL_TOL[dtype]
-
-
 def test_decode_fused_sum_needs_whole_counter_words(device, record_launches):
     """An odd hidden size in 16-bit (rows not a whole number of int32 words) keeps the sum
     kernel and still matches the reference."""
@@ -898,6 +843,13 @@ def _count_sum_launches(record_launches) -> list:
     from moe_policy.experts.triton import fused_moe as triton_moe
 
     return record_launches(triton_moe, "moe_sum_kernel")
+
+
+#: N tiles of 64 columns over N = 64*k + 24 (GEMM 1, I = 88) and + 8 (GEMM 2, H = 200): the last
+#: tile is at most half full and runs 32 and 16 wide.
+N_TAIL_TILES = tc.MoEConfig(
+    32, tc.GemmConfig(64, 32, 2, 4, 2, tma=True), tc.GemmConfig(64, 32, 2, 4, 2, tma=True)
+)
 
 
 @pytest.mark.parametrize(

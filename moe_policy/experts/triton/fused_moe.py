@@ -234,8 +234,7 @@ def launch_plan(
     # tensors where they do not fit
     direct = p.direct
     c2 = out if direct else torch.empty(numel, h, dtype=x.dtype, device=x.device)
-    # (not while GEMM 2 sums into the output: its counters live there from GEMM 1 on)
-    work = Workspace(None if direct or plan.fused_sum else out, x.device)
+    work = Workspace(None if direct else out, x.device)
     work13 = Workspace(None if direct else c2, x.device)
 
     # routing: pairs aligned by expert, or one pair per block

@@ -427,9 +427,15 @@ def moe_gemm_kernel(
                 _moe_tile(pairs_p, expert_p, row0_p, n_full * BLOCK_N, mm, ep, lo, N, K, numel,
                           TILE, A_TMA, False, BLOCK_M, TAIL_N)  # fmt: skip
         return
-    if ZERO_CNT > 0:
-        _zero_sum_counters(pid, tl.num_programs(0), sums, num_tokens, n_cnt, TOP_K, ZERO_CNT,
-                           NAIVE)  # fmt: skip
+    if ZERO_CNT > 0:  # noqa: SIM102 (constexpr test)
+        if pid == 0:
+            offs_cnt = tl.arange(0, ZERO_CNT)
+            for tok in range(0, num_tokens):
+                tl.store(
+                    cnt_ptr + tok * stride_cnt_t + offs_cnt * cnt_step,
+                    tl.zeros((ZERO_CNT,), dtype=tl.int32),
+                    mask=offs_cnt < n_cnt,
+                )
     # program -> (block of pairs, N tile), grouped so that GROUP_M blocks share B tiles in L2
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _grouped_tile(pid, num_blocks, N, BLOCK_N, GROUP_M)
@@ -437,7 +443,7 @@ def moe_gemm_kernel(
     if not live:
         if PDL_LATE:  # every program waits, so the kernel ends after its predecessor
             gdc_wait()
-        if SUM_K > 0 and NAIVE:  # an invalid expert still counts as arrived
+        if SUM_K > 0:  # an invalid expert still counts as arrived
             _sum_when_last(pid_m, pid_n, sums, SUM_K, BLOCK_N)
         return
     # the tile of this program: a short one for a block of at most TAIL_M real rows (they come
@@ -448,18 +454,18 @@ def moe_gemm_kernel(
             pairs_t = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, TAIL_M))
             _moe_tile(pairs_t, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
                       TILE, False, B_TMA, TAIL_M, BLOCK_N)  # fmt: skip
-            if SUM_K > 0:
-                _sum_rows_when_last(pairs_t, pid_n, sums, numel, SUM_K, TAIL_M, BLOCK_N)
             return
     if TAIL_N > 0:  # noqa: SIM102 (constexpr test: the narrow tile is compiled only when on)
         if pid_n == num_pid_n - 1:
             _moe_tile(pairs, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
                       TILE, A_TMA, False, BLOCK_M, TAIL_N)  # fmt: skip
-            _sum_tile(pairs, pid_m, pid_n, sums, numel, SUM_K, NAIVE, BLOCK_M, BLOCK_N)
+            if SUM_K > 0:
+                _sum_when_last(pid_m, pid_n, sums, SUM_K, BLOCK_N)
             return
     _moe_tile(pairs, expert, row0, pid_n * BLOCK_N, mm, ep, lo, N, K, numel,
               TILE, A_TMA, B_TMA, BLOCK_M, BLOCK_N)  # fmt: skip
-    _sum_tile(pairs, pid_m, pid_n, sums, numel, SUM_K, NAIVE, BLOCK_M, BLOCK_N)
+    if SUM_K > 0:
+        _sum_when_last(pid_m, pid_n, sums, SUM_K, BLOCK_N)
 
 
 @triton.jit
@@ -563,101 +569,6 @@ def _sum_when_last(pair, pid_n, sums, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr
             acc += v.to(tl.float32)
         out = sum_ptr + tok.to(tl.int64) * stride_st + offs_n
         tl.store(out, acc.to(sum_ptr.dtype.element_ty), mask=offs_n < N)
-
-
-@triton.jit
-def _sum_tile(
-    pairs,
-    pid_m,
-    pid_n,
-    sums,
-    numel,
-    SUM_K: tl.constexpr,
-    NAIVE: tl.constexpr,
-    TILE_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """The fused top-k sum after a GEMM-2 tile (``SUM_K`` > 0): one pair's arrival at decode
-    (``_sum_when_last``), each real row's in an aligned block (``_sum_rows_when_last``)."""
-    if SUM_K > 0:
-        if NAIVE:
-            _sum_when_last(pid_m, pid_n, sums, SUM_K, BLOCK_N)
-        else:
-            _sum_rows_when_last(pairs, pid_n, sums, numel, SUM_K, TILE_M, BLOCK_N)
-
-
-@triton.jit
-def _valid_slots(tok, topk_ids_ptr, num_experts, mask, TOP_K: tl.constexpr):
-    """Slots of each token in ``tok`` whose expert is in ``[0, num_experts)``."""
-    n = tl.zeros_like(tok)
-    for j in tl.static_range(TOP_K):
-        e = tl.load(topk_ids_ptr + tok * TOP_K + j, mask=mask, other=-1)
-        n += ((e >= 0) & (e < num_experts)).to(tl.int32)
-    return n
-
-
-@triton.jit
-def _sum_rows_when_last(pairs, pid_n, sums, numel, TOP_K: tl.constexpr, TILE_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr):  # fmt: skip
-    """Aligned GEMM 2: each real row of the tile counts its pair in at (token, N tile); a row
-    whose token's valid pairs have all arrived sums the token's rows in slot order (as
-    ``moe_sum_kernel``) into the output. A pair the alignment dropped (an expert outside
-    ``[0, E)``) never arrives, so a token waits for its valid pairs only; a token with none is
-    zeroed by GEMM 1 (``_zero_sum_counters``). Ordering as in ``_sum_when_last``."""
-    (c_ptr, sum_ptr, cnt_ptr, topk_ids_ptr, N, num_experts, stride_cm, stride_cn, stride_st,
-     stride_cnt_t, cnt_step) = sums  # fmt: skip
-    real = pairs < numel
-    tok = tl.where(real, pairs, 0) // TOP_K
-    valid = _valid_slots(tok, topk_ids_ptr, num_experts, real, TOP_K)
-    tl.debug_barrier()
-    cnt = cnt_ptr + tok.to(tl.int64) * stride_cnt_t + pid_n * cnt_step
-    last = real & (tl.atomic_add(cnt, 1, mask=real, sem="acq_rel", scope="gpu") == valid - 1)
-    if tl.max(last.to(tl.int32), 0) > 0:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = (offs_n < N)[None, :]
-        acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            e = tl.load(topk_ids_ptr + tok * TOP_K + j, mask=last, other=-1)
-            ok = last & (e >= 0) & (e < num_experts)
-            rows = c_ptr + (tok * TOP_K + j).to(tl.int64)[:, None] * stride_cm
-            v = tl.load(rows + offs_n[None, :] * stride_cn, mask=ok[:, None] & n_ok, other=0.0,
-                        cache_modifier=".cg")  # fmt: skip
-            acc += v.to(tl.float32)
-        out = sum_ptr + tok.to(tl.int64)[:, None] * stride_st + offs_n[None, :]
-        tl.store(out, acc.to(sum_ptr.dtype.element_ty), mask=last[:, None] & n_ok)
-
-
-@triton.jit
-def _zero_sum_counters(
-    pid,
-    num_programs,
-    sums,
-    num_tokens,
-    n_cnt,
-    TOP_K: tl.constexpr,
-    ZERO_CNT: tl.constexpr,
-    NAIVE: tl.constexpr,
-):
-    """GEMM 1 before a summing GEMM 2: zero each token's arrival counters (``n_cnt`` of them,
-    ``cnt_step`` words apart), tokens shared round robin by the programs. Aligned (not NAIVE), a
-    token with no valid slot gets no GEMM-2 row, so its whole output row is zeroed here."""
-    (_c, _s, cnt_ptr, topk_ids_ptr, _n, num_experts, _scm, _scn, _sst, stride_cnt_t,
-     cnt_step) = sums  # fmt: skip
-    offs_cnt = tl.arange(0, ZERO_CNT)
-    for tok in range(pid, num_tokens, num_programs):
-        row = cnt_ptr + tok * stride_cnt_t
-        tl.store(row + offs_cnt * cnt_step, tl.zeros((ZERO_CNT,), dtype=tl.int32),
-                 mask=offs_cnt < n_cnt)  # fmt: skip
-        if not NAIVE:
-            valid = 0
-            for j0 in tl.static_range(0, TOP_K, 16):
-                offs_j = j0 + tl.arange(0, 16)
-                e = tl.load(topk_ids_ptr + tok * TOP_K + offs_j, mask=offs_j < TOP_K, other=-1)
-                valid += tl.sum(((e >= 0) & (e < num_experts)).to(tl.int32), 0)
-            if valid == 0:
-                for w0 in range(0, stride_cnt_t, ZERO_CNT):
-                    tl.store(row + w0 + offs_cnt, tl.zeros((ZERO_CNT,), dtype=tl.int32),
-                             mask=w0 + offs_cnt < stride_cnt_t)  # fmt: skip
 
 
 @triton.jit

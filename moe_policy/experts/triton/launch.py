@@ -173,8 +173,8 @@ class LaunchPlan:
             raise ValueError("persistent GEMMs need an aligned batch without LoRA")
         if self.stream_k and not self.persistent:
             raise ValueError("stream-K tails are a persistent GEMM's")
-        if self.fused_sum and (p.direct or p.has_lora or self.persistent):
-            raise ValueError("the fused top-k sum needs k > 1, no LoRA and GEMMs run per tile")
+        if self.fused_sum and not (self.naive and not p.direct and not p.has_lora):
+            raise ValueError("the fused top-k sum is a decode batch's with k > 1 and no LoRA")
         if (self.adapter_order or self.lora_b_ahead) and not p.has_lora:
             raise ValueError("adapter order and LoRA B tiles ahead need LoRA")
         if self.trigger and not (self.pdl and self.naive and not p.has_lora):
