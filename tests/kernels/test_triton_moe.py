@@ -169,16 +169,37 @@ def test_alignment_with_too_many_adapter_keys_stays_unordered(device):
     assert not bool((keys.diff() >= 0).all()), "pairs were ordered by adapter"
 
 
-@pytest.mark.parametrize(("t", "k", "e", "kind"), [(600, 8, 16, "skewed"), (1500, 3, 8, "uniform")])
-def test_multi_program_alignment_over_many_chunks(t, k, e, kind, device):
-    """Several chunks of the multi-program path, a busy expert taking half of the pairs and a
-    few dropped pairs in every chunk: the alignment's invariants hold."""
+ONE_PASS = ["_align_one_pass_kernel"]
+FOUR_KERNELS = ["_align_count_kernel", "_align_offsets_kernel", "_align_scatter_kernel"]
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "e", "kind", "kernels"),
+    [
+        (500, 8, 16, "skewed", ONE_PASS),  # four chunks
+        (1300, 3, 8, "uniform", ONE_PASS),
+        (300, 7, 300, "uniform", ONE_PASS),  # 512 bins
+        (400, 7, 600, "uniform", FOUR_KERNELS),  # 1024 bins: past ONE_PASS_MAX_BINS
+        (700, 8, 16, "skewed", FOUR_KERNELS),  # past ONE_PASS_MAX pairs
+    ],
+)
+def test_multi_program_alignment_over_many_chunks(t, k, e, kind, kernels, device,
+                                                  record_launches):  # fmt: skip
+    """Several chunks, a busy expert taking half of the pairs and a few dropped pairs in every
+    chunk: the alignment's invariants hold in the one-launch path (every program counts all
+    chunks) and, past ``ONE_PASS_MAX`` pairs or ``ONE_PASS_MAX_BINS`` bins, in the counting,
+    offsets and scatter kernels."""
     from moe_policy.experts.triton import align
 
+    log: list = []
+    for name in ("_align_one_pass_kernel", "_align_count_kernel", "_align_offsets_kernel",
+                 "_align_scatter_kernel", "_align_fused_kernel"):  # fmt: skip
+        record_launches(align, name, log=log)
     _, ti = make_routing(t, e, k, device, kind=kind, seed=5)
     ti[::7, -1] = -1
-    assert ti.numel() > 4 * align.PAIRS_PER_PROGRAM
+    assert ti.numel() > 2 * align.PAIRS_PER_PROGRAM
     _check_alignment(ti, e, 64)
+    assert [name for name, _ in log] == kernels
 
 
 def test_adapter_ordered_alignment_fits_in_a_small_output(device):

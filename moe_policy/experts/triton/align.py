@@ -36,11 +36,16 @@ pairs' own order instead: each chunk's counts are kept and every pair's rank com
 cumulative sum, so a GEMM that splits some tiles along K (stream-K tails) gives the same
 bits on every run. ``E`` up to 1024; adapter order only while ``E`` bins times ``SUB`` stay
 within ``MAX_SORT_KEYS``.
-Small problems (``numel <= FUSED_MAX``) use one program of one kernel; larger ones use a
-zero-filled counter buffer, a counting kernel, an offsets kernel (a few programs, each
-recomputing the prefix sums and writing every expert's j-th block for its share of j) and a
-scatter kernel, whose per-pair atomics take rows from one cursor per key, each on its own
-128-byte line while they take at most 32 KB (``cursor_step``).
+Small problems (``numel <= FUSED_MAX``) use one program of one kernel. Up to ``ONE_PASS_MAX``
+pairs and ``ONE_PASS_MAX_BINS`` bins (no adapter order, not stable) one kernel of one program
+per chunk: each program counts
+every chunk's pairs itself (so it knows the experts' starts and how many of each expert's pairs
+the earlier chunks hold, with no other program to wait for), writes its share of the block
+tables and scatters its chunk from cursors of its own. Larger ones use a zero-filled counter
+buffer, a counting kernel, an offsets kernel (a few programs, each recomputing the prefix sums
+and writing every expert's j-th block for its share of j) and a scatter kernel. The scatters'
+per-pair atomics take rows from one cursor per key, each on its own 128-byte line while they
+take at most 32 KB (``cursor_step``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,12 @@ FUSED_MAX = 1024
 #: Pairs per program in the multi-program path (a stable alignment takes fewer, as each
 #: program ranks its pairs with a [chunk, bins] cumulative sum).
 PAIRS_PER_PROGRAM = 1024
+#: Largest ``numel`` and bin count of the one-launch multi-program alignment: each of its
+#: programs counts every chunk, so its work grows with the chunks and the bins. On the H200 it
+#: beat the four launches by up to 6 % of a small layer (Granite-3.0-1B at T=256) with up to
+#: four chunks and 512 bins, and lost up to 2 % with eight chunks or 1024 bins.
+ONE_PASS_MAX = 4 * PAIRS_PER_PROGRAM
+ONE_PASS_MAX_BINS = 512
 STABLE_PAIRS_PER_PROGRAM = 256
 #: Blocks per step when ``-1`` is written past the end of ``expert_ids``.
 _BLOCK_CHUNK = 64
@@ -275,6 +286,59 @@ def _align_fused_kernel(
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
 
+@triton.jit
+def _align_one_pass_kernel(
+    # pointers
+    topk_ids_ptr,  # [numel] expert of each pair
+    sorted_ids_ptr,  # [max_blocks * BLOCK_M] out
+    expert_ids_ptr,  # [max_blocks] out
+    num_padded_ptr,  # [1] out
+    block_rows_ptr,  # [max_blocks] out
+    cursor_ptr,  # [programs, NUM_BINS * CURSOR_STEP] scratch, one row per program
+    # sizes
+    numel,
+    num_experts,
+    max_blocks,
+    # constexpr
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    NUM_BINS: tl.constexpr,  # power of two > num_experts; the last bins take dropped pairs
+    CHUNK: tl.constexpr,  # pairs per program
+    BLOCK_CHUNK: tl.constexpr,
+    CURSOR_STEP: tl.constexpr = 1,
+):
+    """Whole alignment in one launch, chunk ``p`` in program ``p``: every program counts all
+    chunks (the experts' totals, and the pairs of each expert in chunks before its own), writes
+    its share of the block tables (``_offsets_and_blocks``), then its pairs take rows from its
+    own cursors, which start after the earlier chunks' pairs of each expert. No program reads
+    what another writes."""
+    prog = tl.program_id(0)
+    num_progs = tl.num_programs(0)
+    bins = tl.arange(0, NUM_BINS)
+    counts = tl.zeros((NUM_BINS,), dtype=tl.int32)
+    before = tl.zeros((NUM_BINS,), dtype=tl.int32)
+    for c in range(0, num_progs):
+        offs_c = c * CHUNK + tl.arange(0, CHUNK)
+        _, key_c = _pair_keys(offs_c, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel,
+                              num_experts, 0, TOP_K, 1)  # fmt: skip
+        hist = tl.histogram(key_c, NUM_BINS)
+        counts += hist
+        before += tl.where(c < prog, hist, 0)
+    bstart = _offsets_and_blocks(
+        counts, bins, prog, num_progs,
+        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, False,
+    )  # fmt: skip
+    cursor = cursor_ptr + prog * (NUM_BINS * CURSOR_STEP)
+    tl.store(cursor + bins * CURSOR_STEP, bstart * BLOCK_M + before)
+    tl.debug_barrier()
+    offs = prog * CHUNK + tl.arange(0, CHUNK)
+    keep, key = _pair_keys(offs, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel, num_experts,
+                           0, TOP_K, 1)  # fmt: skip
+    pos = tl.atomic_add(cursor + key * CURSOR_STEP, 1, mask=keep, sem="relaxed")
+    tl.store(sorted_ids_ptr + pos, offs, mask=keep)
+
+
 @triton.jit(do_not_specialize=["num_slots"])
 def _align_count_kernel(
     # pointers
@@ -450,6 +514,16 @@ def moe_align(
             BLOCK_M=block_m, NUM_BINS=num_bins,
             CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
             STABLE=stable, **keys,
+        )  # fmt: skip
+    elif sub == 1 and not stable and numel <= ONE_PASS_MAX and num_bins <= ONE_PASS_MAX_BINS:
+        grid = (triton.cdiv(numel, PAIRS_PER_PROGRAM),)
+        step = cursor_step(num_bins * grid[0])
+        cursor = take((grid[0] * num_bins * step,), torch.int32)
+        _align_one_pass_kernel[grid](
+            topk_ids, sorted_ids, expert_ids, num_padded, block_rows, cursor,
+            numel, num_experts, max_blocks,
+            TOP_K=topk_ids.shape[1], BLOCK_M=block_m, NUM_BINS=num_bins,
+            CHUNK=PAIRS_PER_PROGRAM, BLOCK_CHUNK=_BLOCK_CHUNK, CURSOR_STEP=step,
         )  # fmt: skip
     else:
         step = cursor_step(num_bins * sub)
