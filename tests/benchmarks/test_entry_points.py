@@ -18,6 +18,7 @@ ENTRY_POINTS = [
     "benchmarks.plan",
     "benchmarks.consistency",
     "benchmarks.kernels",
+    "benchmarks.vs_vllm",
     "tools.tune_triton",
     "tools.compare_configs",
     "tools.smem_check",
