@@ -38,14 +38,13 @@ bits on every run. ``E`` up to 1024; adapter order only while ``E`` bins times `
 within ``MAX_SORT_KEYS``.
 Small problems (``numel <= FUSED_MAX``) use one program of one kernel. Up to ``ONE_PASS_MAX``
 pairs and ``ONE_PASS_MAX_BINS`` bins (no adapter order, not stable) one kernel of one program
-per chunk: each program counts
-every chunk's pairs itself (so it knows the experts' starts and how many of each expert's pairs
-the earlier chunks hold, with no other program to wait for), writes its share of the block
-tables and scatters its chunk from cursors of its own. Larger ones use a zero-filled counter
-buffer, a counting kernel, an offsets kernel (a few programs, each recomputing the prefix sums
-and writing every expert's j-th block for its share of j) and a scatter kernel. The scatters'
-per-pair atomics take rows from one cursor per key, each on its own 128-byte line while they
-take at most 32 KB (``cursor_step``).
+per chunk: each program counts every chunk's pairs itself (so it knows the experts' starts and
+how many of each expert's pairs the earlier chunks hold, with no other program to wait for),
+writes its share of the block tables and scatters its chunk from cursors of its own. Larger
+ones use a zero-filled counter buffer, a counting kernel, an offsets kernel (a few programs,
+each recomputing the prefix sums and writing every expert's j-th block for its share of j)
+and a scatter kernel. The scatters' per-pair atomics take rows from one cursor per key, each
+on its own 128-byte line while they take at most 32 KB (``cursor_step``).
 """
 
 from __future__ import annotations
@@ -315,15 +314,19 @@ def _align_one_pass_kernel(
     prog = tl.program_id(0)
     num_progs = tl.num_programs(0)
     bins = tl.arange(0, NUM_BINS)
-    counts = tl.zeros((NUM_BINS,), dtype=tl.int32)
+    offs = prog * CHUNK + tl.arange(0, CHUNK)
+    keep, key = _pair_keys(offs, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel, num_experts,
+                           0, TOP_K, 1)  # fmt: skip
+    counts = tl.histogram(key, NUM_BINS)
     before = tl.zeros((NUM_BINS,), dtype=tl.int32)
     for c in range(0, num_progs):
-        offs_c = c * CHUNK + tl.arange(0, CHUNK)
-        _, key_c = _pair_keys(offs_c, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel,
-                              num_experts, 0, TOP_K, 1)  # fmt: skip
-        hist = tl.histogram(key_c, NUM_BINS)
-        counts += hist
-        before += tl.where(c < prog, hist, 0)
+        if c != prog:  # the other chunks: the totals, and what the earlier ones hold
+            offs_c = c * CHUNK + tl.arange(0, CHUNK)
+            _, key_c = _pair_keys(offs_c, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel,
+                                  num_experts, 0, TOP_K, 1)  # fmt: skip
+            hist = tl.histogram(key_c, NUM_BINS)
+            counts += hist
+            before += tl.where(c < prog, hist, 0)
     bstart = _offsets_and_blocks(
         counts, bins, prog, num_progs,
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
@@ -332,9 +335,6 @@ def _align_one_pass_kernel(
     cursor = cursor_ptr + prog * (NUM_BINS * CURSOR_STEP)
     tl.store(cursor + bins * CURSOR_STEP, bstart * BLOCK_M + before)
     tl.debug_barrier()
-    offs = prog * CHUNK + tl.arange(0, CHUNK)
-    keep, key = _pair_keys(offs, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel, num_experts,
-                           0, TOP_K, 1)  # fmt: skip
     pos = tl.atomic_add(cursor + key * CURSOR_STEP, 1, mask=keep, sem="relaxed")
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
 
