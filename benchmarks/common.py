@@ -156,20 +156,27 @@ def shape_adapters(shape: MoEShape, device: str = "cuda", seed: int = 1) -> Any:
 
 
 def routing_sets(
-    shape: MoEShape, t: int, n: int, device: str = "cuda", seed: int = 0, dtype: Any = None
+    shape: MoEShape,
+    t: int,
+    n: int,
+    device: str = "cuda",
+    seed: int = 0,
+    dtype: Any = None,
+    num_experts: int | None = None,
 ) -> list[tuple[Any, Any, Any]]:
     """``n`` inputs of one layer call at ``t`` tokens: (x [t, H] in ``dtype``, default bf16,
-    topk_weights, topk_ids) with uniform routing, each set its own (so that consecutive calls
-    touch different experts)."""
+    topk_weights, topk_ids) with uniform routing over ``num_experts`` (default the shape's),
+    each set its own (so that consecutive calls touch different experts)."""
     import torch
 
     from moe_policy.experts.testing import make_routing, make_x, seeded
 
     g = seeded(seed + t, device)
+    e = num_experts or shape.num_experts
     sets = []
     for _ in range(n):
         x = make_x(t, shape.hidden, dtype or torch.bfloat16, device, generator=g)
-        tw, ti = make_routing(t, shape.num_experts, shape.top_k, device, generator=g)
+        tw, ti = make_routing(t, e, shape.top_k, device, generator=g)
         sets.append((x, tw, ti))
     return sets
 

@@ -45,7 +45,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import SHAPES, MoEShape, lower_bound_us, positive_int, write_json
+from benchmarks.common import (
+    SHAPES,
+    MoEShape,
+    lower_bound_us,
+    positive_int,
+    routing_sets,
+    write_json,
+)
 
 #: Where vLLM's extracted kernel and configs go by default (``build/`` is git-ignored).
 DEFAULT_VLLM_DIR = "build/vs_vllm"
@@ -334,18 +341,6 @@ def layer_weights(shape: MoEShape, num_experts: int, random: bool = True) -> tup
             make(num_experts, shape.hidden) if shape.has_bias else None)  # fmt: skip
 
 
-def layer_sets(shape: MoEShape, t: int, n: int, num_experts: int) -> list:
-    """``n`` routing sets (x, topk_weights, topk_ids) of ``t`` tokens over ``num_experts``."""
-    import torch
-
-    from moe_policy.experts.testing import make_routing, make_x, seeded
-
-    g = seeded(t, "cuda")
-    return [(make_x(t, shape.hidden, torch.bfloat16, "cuda", generator=g),
-             *make_routing(t, num_experts, shape.top_k, "cuda", generator=g))
-            for _ in range(n)]  # fmt: skip
-
-
 def _compile(task: tuple[str, int, str]) -> list[str]:
     """Worker: launch every variant of one point once on a few experts, so that Triton's disk
     cache holds the kernels (plans are for the real expert count); failures."""
@@ -354,7 +349,7 @@ def _compile(task: tuple[str, int, str]) -> list[str]:
     few = min(shape.num_experts, max(2, shape.top_k))
     module = load_vllm(vllm_dir)
     calls, _ = point(shape, t, vllm_dir, module, layer_weights(shape, few, random=False),
-                     layer_sets(shape, t, 1, few), direct=True)  # fmt: skip
+                     routing_sets(shape, t, 1, num_experts=few), direct=True)  # fmt: skip
     bad = []
     for n, fns in calls.items():
         try:
@@ -364,9 +359,10 @@ def _compile(task: tuple[str, int, str]) -> list[str]:
     return bad
 
 
-def run(shapes: Sequence[str], tokens: Sequence[int], vllm_dir: str, rounds: int, jobs: int,
-        deadline: float, out: str | None) -> dict[str, Any]:  # fmt: skip
-    """Time every point; the payload (written to ``out`` after each point)."""
+def run(module: Any, shapes: Sequence[str], tokens: Sequence[int], vllm_dir: str, rounds: int,
+        jobs: int, deadline: float, out: str | None) -> dict[str, Any]:  # fmt: skip
+    """Time every point with vLLM's extracted ``module`` (from ``vllm_dir``, which the compile
+    workers load again); the payload (written to ``out`` after each point)."""
     import multiprocessing as mp
 
     import torch
@@ -375,7 +371,6 @@ def run(shapes: Sequence[str], tokens: Sequence[int], vllm_dir: str, rounds: int
     from moe_policy.experts.testing import rel_err
 
     start = time.time()
-    module = load_vllm(vllm_dir)
     tasks = [(s, t, vllm_dir) for s in shapes for t in tokens]
     with mp.get_context("spawn").Pool(max(1, jobs)) as pool:
         for (s, t, _), bad in zip(tasks, pool.map(_compile, tasks), strict=True):
@@ -394,7 +389,7 @@ def run(shapes: Sequence[str], tokens: Sequence[int], vllm_dir: str, rounds: int
                 print(f"# deadline: stopped before {s} T={t}", flush=True)
                 return payload
             n_sets = 8 if t <= 256 else (4 if t <= 1024 else 2)
-            sets = layer_sets(shape, t, n_sets, shape.num_experts)
+            sets = routing_sets(shape, t, n_sets)
             calls, meta = point(shape, t, vllm_dir, module, weights, sets)
             ours = calls["ours"][0]()
             ref = calls["vllm"][0].checked()  # type: ignore[attr-defined]
@@ -527,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
             names = extract_vllm(args.extract, args.vllm_dir)
             print(f"# wrote {args.vllm_dir}/vllm_moe.py and {len(names)} config files")
             return 0
-        load_vllm(args.vllm_dir)
+        module = load_vllm(args.vllm_dir)
         import torch
 
         if not torch.cuda.is_available():
@@ -537,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     except VsVllmError as exc:
         print(f"vs_vllm: error: {exc}", file=sys.stderr)
         return 2
-    run(args.shapes, args.tokens, args.vllm_dir, args.rounds, args.jobs, args.deadline, args.out)
+    run(module, args.shapes, args.tokens, args.vllm_dir, args.rounds, args.jobs, args.deadline,
+        args.out)  # fmt: skip
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import vs_vllm
-from benchmarks.common import SHAPES
+from benchmarks.common import MoEShape
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "vs_vllm_h200.json"
@@ -119,7 +119,7 @@ def test_vllm_config_is_its_nearest_tuned_entry_or_its_default(tmp_path):
     dest = tmp_path / "x"
     vs_vllm.extract_vllm(str(_wheel(tmp_path)), str(dest))
     module = vs_vllm.load_vllm(str(dest))
-    shape = SHAPES["mixtral-8x7b"].__class__("s", 8, 32, 64, 2, True, "silu")
+    shape = MoEShape("s", 8, 32, 64, 2, True, "silu")
     table = vs_vllm.vllm_tuned_table(str(dest), shape, "NVIDIA H200 NVL")
     assert table is not None and sorted(table) == [1, 64, 256]
     assert vs_vllm.vllm_config(module, table, shape, 100) == ({"BLOCK_SIZE_M": 32}, "tuned")
