@@ -33,7 +33,7 @@ _NOT_DIVISIBLE = {"numel", "num_blocks", "num_slots", "lora_rank", "num_experts"
                   "n_cnt", "rank"}  # fmt: skip
 #: Pointer arguments by element type (others are the layer dtype).
 _INT_POINTERS = {"topk_ids_ptr", "sorted_ids_ptr", "expert_ids_ptr", "num_padded_ptr",
-                 "block_rows_ptr", "block_order_ptr", "lora_map_ptr", "lora_enabled_ptr", "cnt_ptr",
+                 "block_rows_ptr", "lora_map_ptr", "lora_enabled_ptr", "cnt_ptr",
                  "sk_cnt_ptr"}  # fmt: skip
 _FP32_POINTERS = {"lora_u_ptr", "topk_w_ptr", "sk_ws_ptr"}
 #: Strides that are 1 for contiguous operands (Triton specializes an argument equal to 1).

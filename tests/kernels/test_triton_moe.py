@@ -81,7 +81,7 @@ def _check_alignment(ti: torch.Tensor, num_experts: int, block_m: int, routing=N
     r = routing if routing is not None else moe_align(ti, num_experts, block_m)
     numel = ti.numel()
     flat = ti.flatten().long().cpu()
-    n = int(r.num_padded[0])
+    n = int(r.num_padded)
     assert n % block_m == 0 and n <= r.max_blocks * block_m
     s = r.sorted_ids[:n].long().cpu()
     ex = r.expert_ids.long().cpu()
@@ -148,37 +148,6 @@ def test_alignment_orders_pairs_by_adapter(t, k, e, block_m, device):
     real = s[s < numel]
     assert bool(((flat[real].diff() == 0) <= (key[real].diff() >= 0)).all()), "not by adapter"
     assert int(r.num_padded) == int(moe_align(ti, e, block_m).num_padded)
-
-
-@pytest.mark.parametrize(
-    ("t", "k", "e", "block_m", "tails"),
-    [(90, 3, 8, 32, 16), (700, 2, 16, 128, 64), (1500, 2, 32, 128, 32), (2500, 2, 8, 128, 32),
-     (3000, 1, 64, 128, 64)],
-    ids=["one-program", "one-pass", "one-pass-4-chunks", "four-kernels", "all-short"],
-)  # fmt: skip
-def test_alignment_lists_short_blocks_last(t, k, e, block_m, tails, device):
-    """With ``tails``, block_order holds every live block once: the long ones in block order,
-    then each expert's last block where it holds at most ``tails`` pairs; num_padded[1]
-    counts the long ones. The tables are those of the plain alignment (every path; a third
-    of the tokens' first slots on another rank's experts)."""
-    _, ti = make_routing(t, e, k, device, kind="uniform", seed=4)
-    ti[::3, 0] = -1
-    r = moe_align(ti, e, block_m, tails=tails)
-    _check_alignment(ti, e, block_m, routing=r)
-    assert int(r.num_padded[0]) == int(moe_align(ti, e, block_m).num_padded)
-    live = int(r.num_padded[0]) // block_m
-    n_long = int(r.num_padded[1])
-    order = r.block_order[:live].tolist()
-    assert sorted(order) == list(range(live))
-    assert order[:n_long] == sorted(order[:n_long])
-    s = r.sorted_ids.cpu()
-    rows = [int((s[b * block_m : (b + 1) * block_m] < ti.numel()).sum()) for b in order]
-    assert all(n > tails for n in rows[:n_long]) and all(n <= tails for n in rows[n_long:])
-    flat = ti.flatten().long().cpu()
-    counts = torch.bincount(flat[flat >= 0], minlength=e)
-    assert live - n_long == int(((counts % block_m > 0) & (counts % block_m <= tails)).sum())
-    with pytest.raises(ValueError, match=f"tails must be in 0..{block_m - 1}"):
-        moe_align(ti, e, block_m, tails=block_m)
 
 
 def test_alignment_with_too_many_adapter_keys_stays_unordered(device):
@@ -990,14 +959,8 @@ def _layer_call(x, conv, tw, ti, act, gated, on_input):
         ("relu2", False, PERSISTENT_TILES, "subset", True),  # idle experts, weight on input
         ("silu", True, dataclasses.replace(  # I = 40 = 32 + 8: narrow GEMM-1 tiles too
             PERSISTENT_TILES, gemm1=tc.GemmConfig(32, 32, 2, 4, 2, tma=True)), "uniform", False),
-        # experts' last blocks of at most 16 pairs as 16-row tiles, after the long blocks
-        ("silu", True, dataclasses.replace(PERSISTENT_TILES, tail_m=16), "uniform", False),
-        ("relu2", False, dataclasses.replace(  # short and narrow tiles in one call
-            PERSISTENT_TILES, gemm1=tc.GemmConfig(32, 32, 2, 4, 2, tma=True), tail_m=16),
-         "skewed", True),
     ],
-    ids=["one-dot-tma", "two-dot-skewed", "nongated-idle-experts", "narrow-last-n-tiles",
-         "short-tiles", "short-and-narrow-tiles"],
+    ids=["one-dot-tma", "two-dot-skewed", "nongated-idle-experts", "narrow-last-n-tiles"],
 )  # fmt: skip
 def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing, on_input,
                                                      device, monkeypatch, record_launches):  # fmt: skip
@@ -1023,7 +986,6 @@ def test_persistent_gemms_equal_one_program_per_tile(act, gated, tiles, routing,
     per_tile = run(dataclasses.replace(tiles, persistent=False))
     sms = sm_count(x.device)
     assert [kw["PERSISTENT"] for _, kw in gemms] == [True, True, False, False]
-    assert [kw["TAIL_M"] for _, kw in gemms] == [tiles.tail_m] * 4
     # H = 72 = 2 x 32 + 8 leaves GEMM 2 a narrow last N tile (16 wide), persistent or not;
     # GEMM 1 has one where its tile is 32 wide (I = 40)
     narrow1 = 16 if tiles.gemm1.block_n == 32 else 0
@@ -1243,16 +1205,15 @@ def test_persistent_entry_run_per_tile_takes_the_default_tail_tiles(device, reco
 
 
 def test_config_persistent_round_trips_and_validates():
-    """persistent survives the JSON form with and without short tiles, is left out when off
-    and refuses a non-boolean."""
-    short = dataclasses.replace(PERSISTENT_TILES, tail_m=16)
-    for cfg in (PERSISTENT_TILES, short):
-        assert tc.MoEConfig.from_dict(cfg.to_dict()) == cfg
+    """persistent survives the JSON form, is left out when off, refuses a non-boolean and
+    refuses tail tiles, which the persistent loop does not run."""
+    assert tc.MoEConfig.from_dict(PERSISTENT_TILES.to_dict()) == PERSISTENT_TILES
     assert PERSISTENT_TILES.to_dict()["persistent"] is True
-    assert short.to_dict()["tail_m"] == 16
     assert "persistent" not in dataclasses.replace(PERSISTENT_TILES, persistent=False).to_dict()
     with pytest.raises(ValueError, match="persistent must be true or false, got 'on'"):
         tc.MoEConfig.from_dict({**PERSISTENT_TILES.to_dict(), "persistent": "on"})
+    with pytest.raises(ValueError, match="persistent GEMMs run no tail tiles: set tail_m to 0"):
+        dataclasses.replace(PERSISTENT_TILES, tail_m=16)
 
 
 @pytest.mark.parametrize(("hip", "cap", "expected"),

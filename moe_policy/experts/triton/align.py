@@ -102,7 +102,6 @@ class AlignedRouting(NamedTuple):
     block_rows: torch.Tensor
     block_m: int
     max_blocks: int
-    block_order: torch.Tensor | None = None  # with ``tails``: long blocks, then short ones
 
 
 def stable_supported(num_experts: int) -> bool:
@@ -127,7 +126,6 @@ def _offsets_and_blocks(
     num_padded_ptr,
     block_rows_ptr,
     cursor_ptr,
-    order_ptr,  # TAILS: [max_blocks] out, the block order (long blocks, then short ones)
     # sizes
     numel,
     num_experts,
@@ -138,14 +136,12 @@ def _offsets_and_blocks(
     WRITE_CURSOR: tl.constexpr,
     SENT_COLS: tl.constexpr = 16,
     CURSOR_STEP: tl.constexpr = 1,
-    TAILS: tl.constexpr = 0,
 ):
     """From per-expert counts: expert_ids and block_rows, written expert-parallel (step ``j``
     writes block ``j`` of every expert that has one; program ``prog`` of ``num_progs`` takes
     every ``num_progs``-th step), ``-1`` for blocks past the end and the sentinel padding (also
     shared by step); program 0 also writes num_padded and, with WRITE_CURSOR, the cursor (start
-    row of each expert). With TAILS, the block order too (``moe_align``'s ``tails``). Returns
-    the first block of each expert."""
+    row of each expert). Returns the first block of each expert."""
     # block counts per expert and their exclusive prefix sums (bins >= num_experts hold
     # dropped pairs); every program recomputes them, a few hundred bins
     valid = bins < num_experts
@@ -154,19 +150,8 @@ def _offsets_and_blocks(
     bstart = tl.cumsum(nblk, 0) - nblk
     ustart = tl.cumsum(real, 0) - real
     total = tl.sum(nblk, 0)
-    if TAILS > 0:
-        # an expert's last block is short when it holds at most TAILS pairs: the long blocks
-        # keep their order, the short ones follow them
-        rem = real % BLOCK_M
-        short = ((rem > 0) & (rem <= TAILS)).to(tl.int32)
-        nlong = nblk - short
-        lstart = tl.cumsum(nlong, 0) - nlong
-        total_long = tl.sum(nlong, 0)
-        sstart = total_long + tl.cumsum(short, 0) - short
     if prog == 0:
         tl.store(num_padded_ptr, total * BLOCK_M)
-        if TAILS > 0:
-            tl.store(num_padded_ptr + 1, total_long)
         if WRITE_CURSOR:
             tl.store(cursor_ptr + bins * CURSOR_STEP, bstart * BLOCK_M, mask=valid)
     # sentinels after each expert's pairs, SENT_COLS padding rows per step (a [bins, BLOCK_M]
@@ -181,8 +166,6 @@ def _offsets_and_blocks(
         has = valid & (j < nblk)
         tl.store(expert_ids_ptr + bstart + j, bins, mask=has)
         tl.store(block_rows_ptr + bstart + j, ustart + j * BLOCK_M, mask=has)
-        if TAILS > 0:
-            tl.store(order_ptr + tl.where(j < nlong, lstart + j, sstart), bstart + j, mask=has)
     for b0 in range(total + prog * BLOCK_CHUNK, max_blocks, num_progs * BLOCK_CHUNK):
         offs_b = b0 + tl.arange(0, BLOCK_CHUNK)
         tl.store(expert_ids_ptr + offs_b, -1, mask=offs_b < max_blocks)
@@ -262,7 +245,6 @@ def _align_fused_kernel(
     num_padded_ptr,  # [1] out
     block_rows_ptr,  # [max_blocks] out
     cursor_ptr,  # [NUM_BINS * SUB] scratch
-    order_ptr,  # [max_blocks] out (TAILS)
     # sizes
     numel,
     num_experts,
@@ -276,7 +258,6 @@ def _align_fused_kernel(
     CHUNK: tl.constexpr,  # power of two >= numel
     BLOCK_CHUNK: tl.constexpr,
     STABLE: tl.constexpr = False,  # pairs keep their order inside an expert (SUB == 1)
-    TAILS: tl.constexpr = 0,  # blocks of at most TAILS pairs last in the block order (0: off)
 ):
     """Whole alignment in one program (numel <= CHUNK)."""
     # load the pairs and their keys; dropped or out-of-range pairs go to bin num_experts
@@ -289,8 +270,8 @@ def _align_fused_kernel(
     # offsets, padding, expert ids; cursor[key] = first free row of the key
     bstart = _offsets_and_blocks(
         counts, bins, 0, 1,
-        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr, order_ptr,
-        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1, TAILS=TAILS,
+        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
     )  # fmt: skip
     if SUB > 1:
         _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
@@ -313,7 +294,6 @@ def _align_one_pass_kernel(
     num_padded_ptr,  # [1] out
     block_rows_ptr,  # [max_blocks] out
     cursor_ptr,  # [programs, NUM_BINS * CURSOR_STEP] scratch, one row per program
-    order_ptr,  # [max_blocks] out (TAILS)
     # sizes
     numel,
     num_experts,
@@ -325,7 +305,6 @@ def _align_one_pass_kernel(
     CHUNK: tl.constexpr,  # pairs per program
     BLOCK_CHUNK: tl.constexpr,
     CURSOR_STEP: tl.constexpr = 1,
-    TAILS: tl.constexpr = 0,
 ):
     """Whole alignment in one launch, chunk ``p`` in program ``p``: every program counts all
     chunks (the experts' totals, and the pairs of each expert in chunks before its own), writes
@@ -350,8 +329,8 @@ def _align_one_pass_kernel(
             before += tl.where(c < prog, hist, 0)
     bstart = _offsets_and_blocks(
         counts, bins, prog, num_progs,
-        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr, order_ptr,
-        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, False, TAILS=TAILS,
+        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, False,
     )  # fmt: skip
     cursor = cursor_ptr + prog * (NUM_BINS * CURSOR_STEP)
     tl.store(cursor + bins * CURSOR_STEP, bstart * BLOCK_M + before)
@@ -403,7 +382,6 @@ def _align_offsets_kernel(
     num_padded_ptr,
     block_rows_ptr,
     cursor_ptr,  # [NUM_BINS * SUB] out: first row of each key
-    order_ptr,  # [max_blocks] out (TAILS)
     # sizes
     numel,
     num_experts,
@@ -414,7 +392,6 @@ def _align_offsets_kernel(
     NUM_BINS: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
     CURSOR_STEP: tl.constexpr = 1,
-    TAILS: tl.constexpr = 0,
 ):
     """Expert ids and block rows from the counts, steps shared by the programs; program 0
     also writes num_padded, the cursor and the sentinels."""
@@ -425,9 +402,8 @@ def _align_offsets_kernel(
     prog = tl.program_id(0)
     bstart = _offsets_and_blocks(
         counts, bins, prog, tl.num_programs(0),
-        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr, order_ptr,
+        sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
         numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1, CURSOR_STEP=CURSOR_STEP,
-        TAILS=TAILS,
     )  # fmt: skip
     if SUB > 1 and prog == 0:
         _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB,
@@ -482,7 +458,6 @@ def moe_align(
     *,
     adapter_order: tuple[torch.Tensor, torch.Tensor] | None = None,
     stable: bool = False,
-    tails: int = 0,
 ) -> AlignedRouting:
     """Group (token, slot) pairs by expert and pad each group to ``block_m`` (no host sync).
 
@@ -492,11 +467,7 @@ def moe_align(
     by adapter (none first, then slot 0, 1, ...), so a block of a busy expert holds few
     adapters. Blocks, padding and ``block_rows`` are the same either way. ``stable``: pairs
     keep their order inside each expert, so the alignment is the same on every run (no
-    adapter order; at most ``STABLE_MAX_BINS`` bins, see ``stable_supported``). ``tails``
-    (0: off; else below ``block_m``): ``block_order`` lists the blocks that hold more than
-    ``tails`` pairs, in block order, then the short ones (an expert's last block, partly
-    filled), and ``num_padded[1]`` counts the long ones; a persistent GEMM runs the short
-    blocks as ``tails``-row tiles in a loop of their own."""
+    adapter order; at most ``STABLE_MAX_BINS`` bins, see ``stable_supported``)."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"topk_ids must be a 2-D int32/int64 tensor [T, k], got shape "
@@ -508,8 +479,6 @@ def moe_align(
         raise ValueError(f"block_m must be a power of two, got {block_m}")
     if not 0 < num_experts <= 1024:
         raise ValueError(f"num_experts must be in 1..1024, got {num_experts}")
-    if not 0 <= tails < block_m:
-        raise ValueError(f"tails must be in 0..{block_m - 1} (block_m={block_m}), got {tails}")
     if stable and (adapter_order is not None or not stable_supported(num_experts)):
         raise ValueError(
             f"a stable alignment takes no adapter order and at most {STABLE_MAX_BINS - 1} "
@@ -521,10 +490,8 @@ def moe_align(
     max_blocks = max_blocks_for(numel, num_experts, block_m)
     sorted_ids = take((max_blocks * block_m,), torch.int32)
     expert_ids = take((max_blocks,), torch.int32)
-    num_padded = take((2 if tails else 1,), torch.int32)
+    num_padded = take((1,), torch.int32)
     block_rows = take((max_blocks,), torch.int32)
-    block_order = take((max_blocks,), torch.int32) if tails else None
-    order = block_rows if block_order is None else block_order  # a placeholder when off
     num_bins = triton.next_power_of_2(num_experts + 1)
     sub = 1
     lmap = len_ = topk_ids  # placeholders when pairs are not ordered by adapter
@@ -537,27 +504,26 @@ def moe_align(
     if numel == 0:
         num_padded.zero_()
         expert_ids.fill_(-1)
-        return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks,
-                              block_order)  # fmt: skip
+        return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
     keys = dict(TOP_K=topk_ids.shape[1], SUB=sub)
     if numel <= FUSED_MAX:
         cursor = take((num_bins * sub,), torch.int32)
         _align_fused_kernel[(1,)](
-            topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor, order,
+            topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks, slots,
             BLOCK_M=block_m, NUM_BINS=num_bins,
             CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
-            STABLE=stable, TAILS=tails, **keys,
+            STABLE=stable, **keys,
         )  # fmt: skip
     elif sub == 1 and not stable and numel <= ONE_PASS_MAX and num_bins <= ONE_PASS_MAX_BINS:
         grid = (triton.cdiv(numel, PAIRS_PER_PROGRAM),)
         step = cursor_step(num_bins * grid[0])
         cursor = take((grid[0] * num_bins * step,), torch.int32)
         _align_one_pass_kernel[grid](
-            topk_ids, sorted_ids, expert_ids, num_padded, block_rows, cursor, order,
+            topk_ids, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             TOP_K=topk_ids.shape[1], BLOCK_M=block_m, NUM_BINS=num_bins,
-            CHUNK=PAIRS_PER_PROGRAM, BLOCK_CHUNK=_BLOCK_CHUNK, CURSOR_STEP=step, TAILS=tails,
+            CHUNK=PAIRS_PER_PROGRAM, BLOCK_CHUNK=_BLOCK_CHUNK, CURSOR_STEP=step,
         )  # fmt: skip
     else:
         step = cursor_step(num_bins * sub)
@@ -571,17 +537,16 @@ def moe_align(
             NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable, **keys,
         )  # fmt: skip
         _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
-            counts, sorted_ids, expert_ids, num_padded, block_rows, cursor, order,
+            counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
-            CURSOR_STEP=step, TAILS=tails,
+            CURSOR_STEP=step,
         )  # fmt: skip
         _align_scatter_kernel[grid](
             topk_ids, lmap, len_, sorted_ids, cursor, chunk_counts, numel, num_experts, slots,
             CHUNK=chunk, NUM_BINS=num_bins, STABLE=stable, CURSOR_STEP=step, **keys,
         )  # fmt: skip
-    return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks,
-                          block_order)  # fmt: skip
+    return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
 
 
 @triton.jit

@@ -85,6 +85,10 @@ class MoEConfig:
     persistent: bool = False
 
     def __post_init__(self) -> None:
+        if self.persistent and self.tail_m:
+            raise ValueError(
+                f"persistent GEMMs run no tail tiles: set tail_m to 0 (got {self.tail_m})"
+            )
         t = self.tail_m
         if t and (t < 16 or t & (t - 1) or 2 * t > self.block_m):
             raise ValueError(

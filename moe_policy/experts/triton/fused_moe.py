@@ -239,14 +239,12 @@ def launch_plan(
 
     # routing: pairs aligned by expert, or one pair per block
     if plan.naive:
-        route = (topk_weights, *[topk_ids] * 6)  # placeholders but topk_ids
+        route = (topk_weights, topk_ids, topk_ids, topk_ids, topk_ids, topk_ids)  # placeholders
     else:
         order = (lora.token_lora_mapping, lora.adapters.enabled) if plan.adapter_order else None
         r = moe_align(topk_ids, e, plan.block_m, alloc=work.take, adapter_order=order,
-                      stable=plan.stable_alignment, tails=plan.short_tiles)  # type: ignore[union-attr]  # fmt: skip
-        block_order = r.block_rows if r.block_order is None else r.block_order  # placeholder
-        route = (topk_weights, topk_ids, r.sorted_ids, r.expert_ids, r.num_padded, r.block_rows,
-                 block_order)  # fmt: skip
+                      stable=plan.stable_alignment)  # type: ignore[union-attr]  # fmt: skip
+        route = (topk_weights, topk_ids, r.sorted_ids, r.expert_ids, r.num_padded, r.block_rows)
     sum_args = None
     if plan.sum_counters is not None:
         n_cnt, words, cnt_step = plan.sum_counters

@@ -285,9 +285,8 @@ def moe_gemm_kernel(
     topk_ids_ptr,  # [numel] experts (NAIVE mode)
     sorted_ids_ptr,  # alignment: pairs grouped by expert
     expert_ids_ptr,  # alignment: expert of each block
-    num_padded_ptr,  # alignment: rows in use (and, persistent with TAIL_M, the long blocks)
+    num_padded_ptr,  # alignment: rows in use
     block_rows_ptr,  # alignment: first expert-sorted row of each block
-    block_order_ptr,  # alignment: long blocks, then short ones (persistent with TAIL_M)
     lora_u_ptr,  # [U_SPLIT, S, numel, R] fp32 shrink output, split-K partials (HAS_LORA)
     lora_b_ptr,  # [S, L, E, N, R] LoRA B (HAS_LORA)
     lora_map_ptr,  # [T] int32 slot per token
@@ -361,13 +360,11 @@ def moe_gemm_kernel(
     TAIL_N: tl.constexpr,  # 0, or: the last N tile (at most half full) runs TAIL_N wide
     TRIGGER: tl.constexpr,  # let the next kernel (a dependent launch) start once all have begun
     LORA_B_AHEAD: tl.constexpr,  # LoRA: B tiles of the block's lowest/highest slot before the loop
-    PERSISTENT: tl.constexpr,  # aligned: each program loops over tiles (flattened)
+    PERSISTENT: tl.constexpr,  # aligned, no tail tiles: each program loops over tiles (flattened)
     STREAM_K: tl.constexpr,  # PERSISTENT: the last, partial round of tiles split along K
 ):
     """Program -> (block, N tile); runs the block's tile (a TAIL_M-row one for a short block,
-    a TAIL_N-wide one, with pointer loads, for the last N tile of a full block). Persistent:
-    each program walks its share of the long blocks' tiles, then of the short blocks' TAIL_M-row
-    tiles (TAIL_M; ``block_order`` lists them last), then of the narrow tiles (TAIL_N).
+    a TAIL_N-wide one, with pointer loads, for the last N tile of a full block).
 
     Fused decode sum (NAIVE, one pair per block): GEMM 1's first program zeroes one int32
     arrival counter per (token, GEMM-2 N tile), kept in the first bytes of that output tile; in
@@ -401,47 +398,30 @@ def moe_gemm_kernel(
         live_m = tl.load(num_padded_ptr) // BLOCK_M
         num_p = tl.num_programs(0)
         # with a narrow last N tile (TAIL_N), the full-width tiles first, then one narrow
-        # tile per block in a loop of its own
+        # tile per block in a second loop
         n_full = N // BLOCK_N if TAIL_N > 0 else tl.cdiv(N, BLOCK_N)
-        # with short tiles (TAIL_M), the long blocks (block_order's first) in this loop
-        long_m = tl.load(num_padded_ptr + 1) if TAIL_M > 0 else live_m
         # stream-K: whole rounds of tiles one per program, then a last round of at most half
         # the programs' count split along K (a fuller one runs whole, in this loop)
-        n_round = long_m * n_full
+        n_round = live_m * n_full
         if STREAM_K:
             rest = n_round % num_p
             split = (rest > 0) & (2 * rest <= num_p) & (tl.cdiv(K, BLOCK_K) >= 2)
             n_round -= tl.where(split, rest, 0)
         for tile in tl.range(pid, n_round, num_p, flatten=True):
-            tile_m, tile_n = _grouped_tile(tile, long_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
-            if TAIL_M > 0:
-                tile_m = tl.load(block_order_ptr + tile_m)
+            tile_m, tile_n = _grouped_tile(tile, live_m, n_full * BLOCK_N, BLOCK_N, GROUP_M)
             pairs_p, expert_p, _, row0_p = _block(tile_m, al, BLOCK_M, False)
             _moe_tile(pairs_p, expert_p, row0_p, tile_n * BLOCK_N, mm, ep, lo, N, K, numel,
                       TILE, A_TMA, B_TMA, BLOCK_M, BLOCK_N)  # fmt: skip
         if STREAM_K:
             _stream_k_tail(
-                pid, num_p, n_round, long_m * n_full - n_round, long_m, n_full,
+                pid, num_p, n_round, live_m * n_full - n_round, live_m, n_full,
                 mm, ep, al, sk_ws_ptr, sk_cnt_ptr, N, K, numel, TILE, A_TMA, B_TMA,
                 BLOCK_M, BLOCK_N, GROUP_M,
             )  # fmt: skip
-        # the loops below continue the round robin where the one before stopped, so that
-        # programs that had a tile fewer take theirs first (all alike after a stream-K tail)
-        done = n_round
-        if TAIL_M > 0:
-            # short blocks: TAIL_M-row tiles of their first rows, by pointers
-            n_short = (live_m - long_m) * n_full
-            first = (pid + num_p - done % num_p) % num_p
-            for tile in tl.range(first, n_short, num_p, flatten=True):
-                b = tl.load(block_order_ptr + long_m + tile // n_full)
-                pairs_t = tl.load(sorted_ids_ptr + b * BLOCK_M + tl.arange(0, TAIL_M))
-                _moe_tile(pairs_t, tl.load(expert_ids_ptr + b), tl.load(block_rows_ptr + b),
-                          (tile % n_full) * BLOCK_N, mm, ep, lo, N, K, numel,
-                          TILE, False, B_TMA, TAIL_M, BLOCK_N)  # fmt: skip
-            done += n_short
         if TAIL_N > 0:
-            # one narrow tile per block, short blocks included
-            first = (pid + num_p - done % num_p) % num_p
+            # narrow tiles continue the round robin where the full ones stopped, so programs
+            # that had one full tile fewer take them first (all alike after a stream-K tail)
+            first = (pid + num_p - n_round % num_p) % num_p
             for tile_m in range(first, live_m, num_p):
                 pairs_p, expert_p, _, row0_p = _block(tile_m, al, BLOCK_M, False)
                 _moe_tile(pairs_p, expert_p, row0_p, n_full * BLOCK_N, mm, ep, lo, N, K, numel,

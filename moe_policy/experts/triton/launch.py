@@ -173,8 +173,6 @@ class LaunchPlan:
             raise ValueError("persistent GEMMs need an aligned batch without LoRA")
         if self.stream_k and not self.persistent:
             raise ValueError("stream-K tails are a persistent GEMM's")
-        if self.stream_k and self.config.tail_m:
-            raise ValueError("stream-K tails and short tiles do not go together")
         if self.fused_sum and not (self.naive and not p.direct and not p.has_lora):
             raise ValueError("the fused top-k sum is a decode batch's with k > 1 and no LoRA")
         if (self.adapter_order or self.lora_b_ahead) and not p.has_lora:
@@ -205,14 +203,8 @@ class LaunchPlan:
         if self.naive:
             return 0
         if self.config.persistent and not self.persistent:
-            return self.config.tail_m or default_tail_m(self.block_m)
+            return default_tail_m(self.block_m)
         return self.config.tail_m
-
-    @property
-    def short_tiles(self) -> int:
-        """Rows of the short tiles a persistent call runs in a loop of their own (the
-        alignment lists their blocks last); 0 when none."""
-        return self.tail_m if self.persistent else 0
 
     @property
     def one_dot1(self) -> bool:
@@ -339,10 +331,7 @@ def plan_launch(
     bm, g1 = cfg.block_m, cfg.gemm1
     persistent = cfg.persistent and not naive and not p.has_lora
     one_dot1 = p.gated and (g1.one_dot or g1.tma)
-    stream_k = (
-        persistent and not cfg.tail_m and (one_dot1 or not p.gated)
-        and stable_supported(p.num_experts)
-    )  # fmt: skip
+    stream_k = persistent and (one_dot1 or not p.gated) and stable_supported(p.num_experts)
     if stream_k:
         b_cols = max((2 if p.gated else 1) * g1.block_n, cfg.gemm2.block_n)
         elems = stream_k_workspace_elems(device.num_sms, bm, b_cols)
