@@ -320,57 +320,36 @@ def _align_one_pass_kernel(
     CURSOR_STEP: tl.constexpr = 1,
 ):
     """Whole alignment in one launch, chunk ``p`` in program ``p``: every program counts all
-    chunks into its own row of the scratch with atomics (the earlier chunks, then its own,
-    whose atomics hand each pair its place among the expert's pairs so far, then the later
-    ones), writes its share of the block tables (``_offsets_and_blocks``) and scatters its
-    pairs to their expert's first row plus their place. No program reads what another
-    writes."""
+    chunks (the experts' totals, and the pairs of each expert in chunks before its own), writes
+    its share of the block tables (``_offsets_and_blocks``), then its pairs take rows from its
+    own cursors, which start after the earlier chunks' pairs of each expert. No program reads
+    what another writes."""
     prog = tl.program_id(0)
     num_progs = tl.num_programs(0)
     bins = tl.arange(0, NUM_BINS)
-    row = cursor_ptr + prog * (NUM_BINS * CURSOR_STEP)
-    tl.store(row + bins * CURSOR_STEP, tl.zeros((NUM_BINS,), dtype=tl.int32))
-    tl.debug_barrier()
-    for c in range(0, prog):
-        _count_chunk(c, row, topk_ids_ptr, numel, num_experts, TOP_K, CHUNK, CURSOR_STEP)
-    tl.debug_barrier()
     offs = prog * CHUNK + tl.arange(0, CHUNK)
     keep, key = _pair_keys(offs, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel, num_experts,
                            0, TOP_K, 1)  # fmt: skip
-    rank = tl.atomic_add(row + key * CURSOR_STEP, 1, mask=keep, sem="relaxed")
-    tl.debug_barrier()
-    for c in range(prog + 1, num_progs):
-        _count_chunk(c, row, topk_ids_ptr, numel, num_experts, TOP_K, CHUNK, CURSOR_STEP)
-    tl.debug_barrier()
-    counts = tl.load(row + bins * CURSOR_STEP, cache_modifier=".cg")  # the atomics' sums
+    counts = tl.histogram(key, NUM_BINS)
+    before = tl.zeros((NUM_BINS,), dtype=tl.int32)
+    for c in range(0, num_progs):
+        if c != prog:  # the other chunks: the totals, and what the earlier ones hold
+            offs_c = c * CHUNK + tl.arange(0, CHUNK)
+            _, key_c = _pair_keys(offs_c, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel,
+                                  num_experts, 0, TOP_K, 1)  # fmt: skip
+            hist = tl.histogram(key_c, NUM_BINS)
+            counts += hist
+            before += tl.where(c < prog, hist, 0)
     bstart = _offsets_and_blocks(
         counts, bins, prog, num_progs,
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
         numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, False,
     )  # fmt: skip
-    tl.debug_barrier()  # every thread has read the counts before the row is overwritten
-    tl.store(row + bins * CURSOR_STEP, bstart * BLOCK_M)
+    cursor = cursor_ptr + prog * (NUM_BINS * CURSOR_STEP)
+    tl.store(cursor + bins * CURSOR_STEP, bstart * BLOCK_M + before)
     tl.debug_barrier()
-    pos = tl.load(row + key * CURSOR_STEP, mask=keep, other=0) + rank
+    pos = tl.atomic_add(cursor + key * CURSOR_STEP, 1, mask=keep, sem="relaxed")
     tl.store(sorted_ids_ptr + pos, offs, mask=keep)
-
-
-@triton.jit
-def _count_chunk(
-    chunk,
-    row,  # counts, CURSOR_STEP apart
-    topk_ids_ptr,
-    numel,
-    num_experts,
-    TOP_K: tl.constexpr,
-    CHUNK: tl.constexpr,
-    CURSOR_STEP: tl.constexpr,
-):
-    """Add chunk ``chunk``'s pairs of each expert into ``row`` with atomics."""
-    offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    keep, key = _pair_keys(offs, topk_ids_ptr, topk_ids_ptr, topk_ids_ptr, numel, num_experts,
-                           0, TOP_K, 1)  # fmt: skip
-    tl.atomic_add(row + key * CURSOR_STEP, 1, mask=keep, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["num_slots"])
