@@ -42,7 +42,7 @@ def test_lora_calls_launch_dependents_and_never_persistent():
     assert plan.tail_m == tc.default_tail_m(128)  # a persistent entry run per tile
     assert plan.adapter_order and plan.lora_b_ahead
     assert plan.gemm1.constexprs["PDL_LATE"] and plan.shrink1 == {"pdl": True, "trigger": True}
-    assert plan.sum_block_h == 1024
+    assert plan.sum_block_h == 512  # H = 2048 in blocks of at most 512
     assert not plan_launch(problem, ADA, PERSISTENT).pdl
 
 
