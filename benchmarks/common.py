@@ -112,6 +112,11 @@ def layer_flops(shape: MoEShape, t: int) -> float:
     return 2.0 * t * shape.top_k * (shape.hidden * shape.n1 + shape.inter * shape.hidden)
 
 
+#: Fixed ceilings (H200: copy TB/s, bf16 matmul TFLOP/s) of the bound ratios the docs report,
+#: so that runs with their own measured ceilings compare.
+FIXED_COPY_TBPS, FIXED_MATMUL_TFLOPS = 4.29, 781.0
+
+
 def lower_bound_us(shape: MoEShape, t: int, copy_tbps: float, matmul_tflops: float) -> float:
     """max(memory time, compute time) in microseconds."""
     t_mem = layer_bytes(shape, t) / (copy_tbps * 1e12)

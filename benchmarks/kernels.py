@@ -56,6 +56,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from benchmarks.common import (
+    FIXED_COPY_TBPS,
+    FIXED_MATMUL_TFLOPS,
     LORA_RANK,
     SHAPES,
     MoEShape,
@@ -96,9 +98,6 @@ VLLM_RATIO = {
     ("mixtral-8x7b", 1024): 1.86, ("mixtral-8x7b", 8192): 1.46, ("qwen3-30b-a3b", 1): 2.06,
     ("qwen3-30b-a3b", 64): 1.10, ("qwen3-30b-a3b", 1024): 1.44, ("qwen3-30b-a3b", 8192): 2.04,
 }  # fmt: skip
-#: The ceilings (TB/s copy, TFLOP/s bf16 matmul) vLLM's figures are ratios at; ``--table``
-#: recomputes every ratio at these, so that sweeps with their own ceilings compare.
-FIXED_COPY_TBPS, FIXED_MATMUL_TFLOPS = 4.29, 781.0
 
 
 class Skip(Exception):

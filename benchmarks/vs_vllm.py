@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    FIXED_COPY_TBPS,
+    FIXED_MATMUL_TFLOPS,
     SHAPES,
     MoEShape,
     lower_bound_us,
@@ -60,8 +62,6 @@ DEFAULT_VLLM_DIR = "build/vs_vllm"
 VLLM_MODULE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 VLLM_CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
 VLLM_NAMES = ("write_zeros_to_output", "fused_moe_kernel", "get_default_config")
-#: The ceilings of the lower bound (those of the docs' tables).
-COPY_TBPS, MATMUL_TFLOPS = 4.29, 781.0
 DEFAULT_TOKENS = (1, 16, 64, 256, 1024, 4096, 8192)
 
 #: What the extracted functions need of vLLM, for bf16 on CUDA.
@@ -152,16 +152,12 @@ def load_vllm(vllm_dir: str) -> Any:
     return module
 
 
-def vllm_device_name(name: str) -> str:
-    """A CUDA device name as vLLM's config files spell it (any H200 is ``NVIDIA_H200``)."""
-    file_name = name.replace(" ", "_")
-    return "NVIDIA_H200" if "H200" in file_name.split("_") else file_name
-
-
 def vllm_tuned_table(vllm_dir: str, shape: MoEShape, device: str) -> dict[int, dict] | None:
-    """vLLM's tuned bf16 configs for the shape on the device, by token count, or None."""
-    path = (Path(vllm_dir) / "configs" /
-            f"E={shape.num_experts},N={shape.inter},device_name={vllm_device_name(device)}.json")  # fmt: skip
+    """vLLM's tuned bf16 configs for the shape on the device, by token count, or None (its
+    files are named as ours: ``config.config_file_name``)."""
+    from moe_policy.experts.triton.config import config_file_name
+
+    path = Path(vllm_dir) / "configs" / config_file_name(shape.num_experts, shape.inter, device)
     if not path.is_file():
         return None
     raw = json.loads(path.read_text())
@@ -379,7 +375,8 @@ def run(module: Any, shapes: Sequence[str], tokens: Sequence[int], vllm_dir: str
     print(f"# compiled {len(tasks)} points in {time.time() - start:.0f}s", flush=True)
     payload: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "rounds": rounds, "duty": 0.5,
-        "ceilings": {"copy_tbps": COPY_TBPS, "matmul_tflops": MATMUL_TFLOPS}, "rows": [],
+        "ceilings": {"copy_tbps": FIXED_COPY_TBPS, "matmul_tflops": FIXED_MATMUL_TFLOPS},
+        "rows": [],
     }  # fmt: skip
     for s in shapes:
         shape = SHAPES[s]
@@ -393,7 +390,7 @@ def run(module: Any, shapes: Sequence[str], tokens: Sequence[int], vllm_dir: str
             calls, meta = point(shape, t, vllm_dir, module, weights, sets)
             ours = calls["ours"][0]()
             ref = calls["vllm"][0].checked()  # type: ignore[attr-defined]
-            bound = lower_bound_us(shape, t, COPY_TBPS, MATMUL_TFLOPS)
+            bound = lower_bound_us(shape, t, FIXED_COPY_TBPS, FIXED_MATMUL_TFLOPS)
             replays = max(1, min(20, math.ceil(600 / (n_sets * bound * 1.3))))
             timed = time_graphs_interleaved(calls, rounds, replays, 0.5)
             row = {"shape": s, "T": t, "bound_us": bound, **meta,

@@ -31,6 +31,8 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from benchmarks.common import (
+    FIXED_COPY_TBPS,
+    FIXED_MATMUL_TFLOPS,
     MoEShape,
     lower_bound_us,
     positive_int,
@@ -50,8 +52,6 @@ from moe_policy.experts.triton.config import (
 #: Activations the Triton kernels run, and whether each must be gated.
 KERNEL_ACTIVATIONS = {"silu": None, "gelu": None, "gelu_tanh": None, "relu2": False,
                       "swigluoai": True, "swiglustep": None}  # fmt: skip
-#: Fixed ceilings of the reported bound ratios (H200: copy TB/s, bf16 matmul TFLOP/s).
-COPY_TBPS, MATMUL_TFLOPS = 4.29, 781.0
 TUNE_TOKENS = (1, 16, 64, 256, 1024, 4096)
 
 
@@ -266,7 +266,7 @@ def tune(
             if lora:
                 variants[f"{i}+lora"] = [lambda s=s, c=c, x=x: call(be, c, *s, lora=x)
                                          for s, x in zip(sets, ctxs, strict=True)]  # fmt: skip
-        bound = lower_bound_us(shape, t, COPY_TBPS, MATMUL_TFLOPS)
+        bound = lower_bound_us(shape, t, FIXED_COPY_TBPS, FIXED_MATMUL_TFLOPS)
         replays = max(1, min(20, math.ceil(600 / (n_sets * bound * 1.3))))
         timed = time_graphs_interleaved(variants, rounds, replays, 0.5)
 

@@ -40,13 +40,14 @@ Small problems (``numel <= FUSED_MAX``) use one program of one kernel, which cou
 with atomics on a zeroed row, each pair's atomic handing back its rank in its key (a
 histogram's work grows with pairs times bins; a stable alignment keeps it). Up to
 ``ONE_PASS_MAX`` pairs and ``ONE_PASS_MAX_BINS`` bins (no adapter order, not stable) one
-kernel of one program per chunk: each program counts every chunk's pairs itself (so it knows the experts' starts and
-how many of each expert's pairs the earlier chunks hold, with no other program to wait for),
-writes its share of the block tables and scatters its chunk from cursors of its own. Larger
-ones use a zero-filled counter buffer, a counting kernel, an offsets kernel (a few programs,
-each recomputing the prefix sums and writing every expert's j-th block for its share of j)
-and a scatter kernel. The scatters' per-pair atomics take rows from one cursor per key, each
-on its own 128-byte line while they take at most 32 KB (``cursor_step``).
+kernel of one program per chunk: each program counts every chunk's pairs itself (so it knows
+the experts' starts and how many of each expert's pairs the earlier chunks hold, with no
+other program to wait for), writes its share of the block tables and scatters its chunk from
+cursors of its own. Larger ones use a zero-filled counter buffer, a counting kernel, an
+offsets kernel (a few programs, each recomputing the prefix sums and writing every expert's
+j-th block for its share of j) and a scatter kernel. The scatters' per-pair atomics take
+rows from one cursor per key, each on its own 128-byte line while they take at most 32 KB
+(``cursor_step``).
 """
 
 from __future__ import annotations
