@@ -13,6 +13,7 @@ version differences (this machine's Triton may be newer than the GPU machine's).
 
     python -m tools.ptx_report --lora               # GEMM 1 and 2 of a 128-row prefill tile
     python -m tools.ptx_report --block-m 16 --block-n 64 --block-k 128 --naive --lora
+    python -m tools.ptx_report --align-bins 1024 --block-m 16  # the alignment's tables
 """
 
 from __future__ import annotations
@@ -131,6 +132,27 @@ def compile_shrink(
                     num_stages=3, arch=arch, dtype=dtype)  # fmt: skip
 
 
+def compile_align(*, num_bins: int, block_m: int, arch: int = 90) -> dict[str, Any]:
+    """Compile the multi-program alignment kernels that write the block tables, as
+    ``moe_align`` launches them for ``num_bins`` bins (the one-launch kernel only up to its
+    bin limit), for ``sm_<arch>``; CompiledKernels by name. Their [bins, columns] sentinel
+    tiles are what spills registers when too wide."""
+    from moe_policy.experts.triton import align
+
+    ints = {p: "*i32" for p in ("counts_ptr", "cursor_ptr", "topk_ids_ptr", *_INT_POINTERS)}
+    const = dict(BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=64,
+                 SENT_COLS=align.sentinel_cols(num_bins), CURSOR_STEP=1)  # fmt: skip
+    kernels = {"align_offsets": _compile(align.align_offsets_kernel, {**const, "SUB": 1}, ints,
+                                         num_warps=4, num_stages=1, arch=arch, dtype="i32")}  # fmt: skip
+    if num_bins <= align.ONE_PASS_MAX_BINS:
+        kernels["align_one_pass"] = _compile(
+            align.align_one_pass_kernel,
+            {**const, "TOP_K": 8, "CHUNK": align.PAIRS_PER_PROGRAM}, ints, num_warps=4,
+            num_stages=1, arch=arch, dtype="i32",
+        )  # fmt: skip
+    return kernels
+
+
 def memory_ops(ptx: str) -> Counter[str]:
     """Global loads/stores by width and async copies, per thread, in the PTX text."""
     return Counter(_OPS.findall(ptx))
@@ -169,10 +191,12 @@ def ptxas_usage(ptx: str, arch: int = 90) -> tuple[int, int]:
 def report(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Per kernel: memory ops, registers and spill bytes."""
     kernels: dict[str, Any] = {}
-    if args.lora:
+    if args.align_bins:
+        kernels = compile_align(num_bins=args.align_bins, block_m=args.block_m, arch=args.arch)
+    elif args.lora:
         kernels["shrink"] = compile_shrink(block_m=args.block_m, arch=args.arch)
     persistent = args.persistent or args.stream_k
-    for gemm1, bn in ((True, args.block_n), (False, args.block_n2)):
+    for gemm1, bn in () if args.align_bins else ((True, args.block_n), (False, args.block_n2)):
         c = gemm_constexprs(gemm1=gemm1, lora=args.lora, block_m=args.block_m, block_n=bn,
                             block_k=args.block_k,
                             tail_m=0 if args.naive or persistent else args.tail_m,
@@ -204,6 +228,13 @@ def main() -> None:
     p.add_argument("--warps", type=int, default=8)
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--arch", type=int, default=90)
+    p.add_argument(
+        "--align-bins",
+        type=int,
+        default=0,
+        metavar="BINS",
+        help="report the alignment's block-table kernels for this many bins instead",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":

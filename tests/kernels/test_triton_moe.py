@@ -169,8 +169,8 @@ def test_alignment_with_too_many_adapter_keys_stays_unordered(device):
     assert not bool((keys.diff() >= 0).all()), "pairs were ordered by adapter"
 
 
-ONE_PASS = ["_align_one_pass_kernel"]
-FOUR_KERNELS = ["_align_count_kernel", "_align_offsets_kernel", "_align_scatter_kernel"]
+ONE_PASS = ["align_one_pass_kernel"]
+FOUR_KERNELS = ["align_count_kernel", "align_offsets_kernel", "align_scatter_kernel"]
 
 
 @pytest.mark.parametrize(
@@ -192,14 +192,50 @@ def test_multi_program_alignment_over_many_chunks(t, k, e, kind, kernels, device
     from moe_policy.experts.triton import align
 
     log: list = []
-    for name in ("_align_one_pass_kernel", "_align_count_kernel", "_align_offsets_kernel",
-                 "_align_scatter_kernel", "_align_fused_kernel"):  # fmt: skip
+    for name in ("align_one_pass_kernel", "align_count_kernel", "align_offsets_kernel",
+                 "align_scatter_kernel", "align_fused_kernel"):  # fmt: skip
         record_launches(align, name, log=log)
     _, ti = make_routing(t, e, k, device, kind=kind, seed=5)
     ti[::7, -1] = -1
     assert ti.numel() > 2 * align.PAIRS_PER_PROGRAM
     _check_alignment(ti, e, 64)
     assert [name for name, _ in log] == kernels
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "e", "kind"), [(400, 7, 600, "uniform"), (700, 8, 16, "skewed")]
+)
+@pytest.mark.parametrize("forced", [None, True, False])
+def test_four_kernel_alignment_counts_by_histogram_or_per_pair_atomics(t, k, e, kind, forced,
+                                                                       device, record_launches):  # fmt: skip
+    """The counting kernel adds one atomic per pair where experts average at most
+    ``PAIR_ATOMICS_MAX_PER_EXPERT`` pairs (600 experts here), else a histogram of its chunk
+    (16 experts, one of them taking half of the pairs); either way counts the same, which
+    the alignment's invariants check with the choice forced both ways."""
+    from moe_policy.experts.triton import align
+
+    rewrite = None if forced is None else (lambda kw: {**kw, "PAIR_ATOMICS": forced})
+    log = record_launches(align, "align_count_kernel", rewrite=rewrite)
+    _, ti = make_routing(t, e, k, device, kind=kind, seed=9)
+    ti[::5, 0] = -1
+    _check_alignment(ti, e, 32)
+    [(_, kw)] = log
+    assert kw["PAIR_ATOMICS"] is (t * k <= align.PAIR_ATOMICS_MAX_PER_EXPERT * e)
+    assert kw["PAIR_ATOMICS"] is (e == 600)
+
+
+def test_sentinel_tiles_narrow_as_bins_grow():
+    """The multi-program kernels' sentinel tiles keep within ``SENTINEL_TILE`` elements from
+    64 bins (expert counts up to 63) up, in power-of-two column counts from 16 down to 1."""
+    from moe_policy.experts.triton import align
+
+    cols = {b: align.sentinel_cols(b) for b in (2, 64, 128, 256, 512, 1024)}
+    assert cols[2] == cols[64] == 16 and cols[1024] >= 1
+    assert all(c & (c - 1) == 0 for c in cols.values())
+    assert all(b * c <= align.SENTINEL_TILE for b, c in cols.items() if b >= 64)
+    assert [cols[b] for b in (128, 256, 512, 1024)] == sorted(
+        cols[b] for b in (128, 256, 512, 1024)
+    )[::-1]
 
 
 def test_adapter_ordered_alignment_fits_in_a_small_output(device):

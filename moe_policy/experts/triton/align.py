@@ -19,8 +19,9 @@ those results are masked on store), so the intermediate needs ``numel`` rows, no
 
 Layout of the outputs (all int32, sizes static so that no host synchronisation is needed):
 ``sorted_ids [max_blocks * BLOCK_M]``, ``expert_ids [max_blocks]`` (``-1`` past
-``num_padded``), ``num_padded [1]``, ``block_rows [max_blocks]``, with ``max_blocks = min(numel, floor(numel/BLOCK_M) + E)``,
-an upper bound of ``sum_e ceil(count[e]/BLOCK_M)``. Entries past ``num_padded`` are unspecified.
+``num_padded``), ``num_padded [1]``, ``block_rows [max_blocks]``, with
+``max_blocks = min(numel, floor(numel/BLOCK_M) + E)``, an upper bound of
+``sum_e ceil(count[e]/BLOCK_M)``. Entries past ``num_padded`` are unspecified.
 
 Adapter order (``adapter_order=(token -> LoRA slot, enabled)``, used by the LoRA path when
 experts span several blocks): inside each expert, pairs with no enabled adapter come first,
@@ -43,11 +44,13 @@ histogram's work grows with pairs times bins; a stable alignment keeps it). Up t
 kernel of one program per chunk: each program counts every chunk's pairs itself (so it knows
 the experts' starts and how many of each expert's pairs the earlier chunks hold, with no
 other program to wait for), writes its share of the block tables and scatters its chunk from
-cursors of its own. Larger ones use a zero-filled counter buffer, a counting kernel, an
-offsets kernel (a few programs, each recomputing the prefix sums and writing every expert's
-j-th block for its share of j) and a scatter kernel. The scatters' per-pair atomics take
-rows from one cursor per key, each on its own 128-byte line while they take at most 32 KB
-(``cursor_step``).
+cursors of its own. Larger ones use a zero-filled counter buffer, a counting kernel (a
+histogram per chunk, or one atomic per pair where experts average few pairs), an offsets
+kernel (a few programs, each recomputing the prefix sums and writing every expert's j-th
+block for its share of j) and a scatter kernel. The multi-program kernels store the sentinel
+padding in [bins, columns] tiles, fewer columns the more bins, that stay in registers. The
+scatters' per-pair atomics take rows from one cursor per key, each on its own 128-byte line
+while they take at most 32 KB (``cursor_step``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,14 @@ ONE_PASS_MAX_BINS = 512
 STABLE_PAIRS_PER_PROGRAM = 256
 #: Blocks per step when ``-1`` is written past the end of ``expert_ids``.
 _BLOCK_CHUNK = 64
+#: Most elements of one [bins, columns] tile of sentinel stores in the multi-program kernels:
+#: 16 columns of 1,024 bins spilled registers on sm_90 (816 bytes a thread in the offsets
+#: kernel), and narrower tiles of 256 and 512 bins were faster too (H200: Qwen3-Next-80B's
+#: alignment at T=4096 23.2 -> 19.3 us, Qwen3-30B-A3B's at T=4096 10.1 -> 9.7 us) ...
+SENTINEL_TILE = 1024
+#: ... but the one-program kernel takes 16 whatever the bins: one program walks every step,
+#: and with 1,024 bins 2 columns a step cost it 0.8 us more than 16 did with their spills.
+FUSED_SENTINEL_COLS = 16
 #: int32 elements between neighbouring keys' cursors in the multi-program path: one 128-byte
 #: line each, so the scatter's per-pair atomics spread over L2 instead of queueing on the few
 #: lines a packed array takes ...
@@ -85,6 +96,11 @@ CURSOR_BYTES = 32768
 _OFFSET_PROGRAMS = 8
 #: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
 MAX_SORT_KEYS = 4096
+#: Most pairs per expert, on average, for which the counting kernel adds one atomic per pair
+#: rather than a histogram of its chunk: a histogram's work grows with pairs times bins
+#: (Qwen3-Next-80B, 1,024 bins, T=256: alignment 16.4 -> 9.3 us), atomics queue on a busy
+#: expert's counter (Qwen3-30B-A3B at 256 pairs an expert: 10.1 -> 15.7 us).
+PAIR_ATOMICS_MAX_PER_EXPERT = 32
 #: Most bins (experts + 1, to a power of two) of a stable alignment (its ranks come from a
 #: [chunk, bins] cumulative sum per program).
 STABLE_MAX_BINS = 32
@@ -112,6 +128,12 @@ def stable_supported(num_experts: int) -> bool:
     return triton.next_power_of_2(num_experts + 1) <= STABLE_MAX_BINS
 
 
+def sentinel_cols(num_bins: int) -> int:
+    """Padding rows each step of the sentinel stores writes per expert (a power of two, 1 to
+    16), so that a [num_bins, cols] tile stays within ``SENTINEL_TILE`` elements."""
+    return max(1, min(16, SENTINEL_TILE // num_bins))
+
+
 def max_blocks_for(numel: int, num_experts: int, block_m: int) -> int:
     """Static upper bound on the number of non-empty ``block_m`` blocks."""
     return max(1, min(numel, numel // block_m + num_experts))
@@ -137,7 +159,7 @@ def _offsets_and_blocks(
     BLOCK_M: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
     WRITE_CURSOR: tl.constexpr,
-    SENT_COLS: tl.constexpr = 16,
+    SENT_COLS: tl.constexpr,
     CURSOR_STEP: tl.constexpr = 1,
 ):
     """From per-expert counts: expert_ids and block_rows, written expert-parallel (step ``j``
@@ -238,7 +260,7 @@ def _sub_cursors(
 
 
 @triton.jit(do_not_specialize=["num_slots"])
-def _align_fused_kernel(
+def align_fused_kernel(
     # pointers
     topk_ids_ptr,  # [numel] expert of each pair
     lora_map_ptr,  # [T] adapter slot per token (SUB > 1)
@@ -260,6 +282,7 @@ def _align_fused_kernel(
     NUM_BINS: tl.constexpr,  # power of two > num_experts; the last bins take dropped pairs
     CHUNK: tl.constexpr,  # power of two >= numel
     BLOCK_CHUNK: tl.constexpr,
+    SENT_COLS: tl.constexpr,  # sentinel_cols(NUM_BINS)
     STABLE: tl.constexpr = False,  # pairs keep their order inside an expert (SUB == 1)
 ):
     """Whole alignment in one program (numel <= CHUNK).
@@ -287,7 +310,7 @@ def _align_fused_kernel(
     bstart = _offsets_and_blocks(
         counts, bins, 0, 1,
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
-        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1, SENT_COLS,
     )  # fmt: skip
     if SUB > 1:
         _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB)
@@ -300,7 +323,7 @@ def _align_fused_kernel(
 
 
 @triton.jit
-def _align_one_pass_kernel(
+def align_one_pass_kernel(
     # pointers
     topk_ids_ptr,  # [numel] expert of each pair
     sorted_ids_ptr,  # [max_blocks * BLOCK_M] out
@@ -318,6 +341,7 @@ def _align_one_pass_kernel(
     NUM_BINS: tl.constexpr,  # power of two > num_experts; the last bins take dropped pairs
     CHUNK: tl.constexpr,  # pairs per program
     BLOCK_CHUNK: tl.constexpr,
+    SENT_COLS: tl.constexpr,  # sentinel_cols(NUM_BINS)
     CURSOR_STEP: tl.constexpr = 1,
 ):
     """Whole alignment in one launch, chunk ``p`` in program ``p``: every program counts all
@@ -344,7 +368,7 @@ def _align_one_pass_kernel(
     bstart = _offsets_and_blocks(
         counts, bins, prog, num_progs,
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
-        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, False,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, False, SENT_COLS,
     )  # fmt: skip
     cursor = cursor_ptr + prog * (NUM_BINS * CURSOR_STEP)
     tl.store(cursor + bins * CURSOR_STEP, bstart * BLOCK_M + before)
@@ -354,7 +378,7 @@ def _align_one_pass_kernel(
 
 
 @triton.jit(do_not_specialize=["num_slots"])
-def _align_count_kernel(
+def align_count_kernel(
     # pointers
     topk_ids_ptr,  # [numel]
     lora_map_ptr,
@@ -371,24 +395,28 @@ def _align_count_kernel(
     NUM_BINS: tl.constexpr,
     CHUNK: tl.constexpr,
     STABLE: tl.constexpr = False,
+    PAIR_ATOMICS: tl.constexpr = False,  # one atomic per pair instead of a chunk histogram
 ):
     """Pair counts per key (expert, or expert and adapter) of one chunk, added into counts
     (STABLE: also kept per chunk)."""
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    _keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
+    keep, key = _pair_keys(offs, topk_ids_ptr, lora_map_ptr, lora_enabled_ptr, numel,
                             num_experts, num_slots, TOP_K, SUB)  # fmt: skip
-    hist = tl.histogram(key, NUM_BINS * SUB)
-    if STABLE:
-        bins = tl.arange(0, NUM_BINS)
-        tl.store(chunk_counts_ptr + tl.program_id(0) * NUM_BINS + bins, hist)
-    # accumulate real experts only
-    keys = tl.arange(0, NUM_BINS * SUB)
-    tl.atomic_add(counts_ptr + keys, hist, mask=(keys < num_experts * SUB) & (hist > 0),
-                  sem="relaxed")  # fmt: skip
+    if PAIR_ATOMICS:
+        tl.atomic_add(counts_ptr + key, 1, mask=keep, sem="relaxed")
+    else:
+        hist = tl.histogram(key, NUM_BINS * SUB)
+        if STABLE:
+            bins = tl.arange(0, NUM_BINS)
+            tl.store(chunk_counts_ptr + tl.program_id(0) * NUM_BINS + bins, hist)
+        # accumulate real experts only
+        keys = tl.arange(0, NUM_BINS * SUB)
+        tl.atomic_add(counts_ptr + keys, hist, mask=(keys < num_experts * SUB) & (hist > 0),
+                      sem="relaxed")  # fmt: skip
 
 
 @triton.jit
-def _align_offsets_kernel(
+def align_offsets_kernel(
     # pointers
     counts_ptr,  # [NUM_BINS * SUB] counts per key
     sorted_ids_ptr,
@@ -405,6 +433,7 @@ def _align_offsets_kernel(
     BLOCK_M: tl.constexpr,
     NUM_BINS: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
+    SENT_COLS: tl.constexpr,  # sentinel_cols(NUM_BINS)
     CURSOR_STEP: tl.constexpr = 1,
 ):
     """Expert ids and block rows from the counts, steps shared by the programs; program 0
@@ -417,7 +446,8 @@ def _align_offsets_kernel(
     bstart = _offsets_and_blocks(
         counts, bins, prog, tl.num_programs(0),
         sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, block_rows_ptr, cursor_ptr,
-        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1, CURSOR_STEP=CURSOR_STEP,
+        numel, num_experts, max_blocks, BLOCK_M, BLOCK_CHUNK, SUB == 1, SENT_COLS,
+        CURSOR_STEP=CURSOR_STEP,
     )  # fmt: skip
     if SUB > 1 and prog == 0:
         _sub_cursors(sub_counts, bstart, cursor_ptr, num_experts, NUM_BINS, BLOCK_M, SUB,
@@ -425,7 +455,7 @@ def _align_offsets_kernel(
 
 
 @triton.jit(do_not_specialize=["num_slots"])
-def _align_scatter_kernel(
+def align_scatter_kernel(
     # pointers
     topk_ids_ptr,  # [numel]
     lora_map_ptr,
@@ -522,22 +552,24 @@ def moe_align(
     keys = dict(TOP_K=topk_ids.shape[1], SUB=sub)
     if numel <= FUSED_MAX:
         cursor = take((2 * num_bins * sub,), torch.int32)
-        _align_fused_kernel[(1,)](
+        align_fused_kernel[(1,)](
             topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks, slots,
             BLOCK_M=block_m, NUM_BINS=num_bins,
             CHUNK=max(16, triton.next_power_of_2(numel)), BLOCK_CHUNK=_BLOCK_CHUNK,
+            SENT_COLS=FUSED_SENTINEL_COLS,
             STABLE=stable, **keys,
         )  # fmt: skip
     elif sub == 1 and not stable and numel <= ONE_PASS_MAX and num_bins <= ONE_PASS_MAX_BINS:
         grid = (triton.cdiv(numel, PAIRS_PER_PROGRAM),)
         step = cursor_step(num_bins * grid[0])
         cursor = take((grid[0] * num_bins * step,), torch.int32)
-        _align_one_pass_kernel[grid](
+        align_one_pass_kernel[grid](
             topk_ids, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             TOP_K=topk_ids.shape[1], BLOCK_M=block_m, NUM_BINS=num_bins,
-            CHUNK=PAIRS_PER_PROGRAM, BLOCK_CHUNK=_BLOCK_CHUNK, CURSOR_STEP=step,
+            CHUNK=PAIRS_PER_PROGRAM, BLOCK_CHUNK=_BLOCK_CHUNK, SENT_COLS=sentinel_cols(num_bins),
+            CURSOR_STEP=step,
         )  # fmt: skip
     else:
         step = cursor_step(num_bins * sub)
@@ -546,17 +578,19 @@ def moe_align(
         chunk = STABLE_PAIRS_PER_PROGRAM if stable else PAIRS_PER_PROGRAM
         grid = (triton.cdiv(numel, chunk),)
         chunk_counts = take((grid[0] * num_bins,), torch.int32) if stable else counts
-        _align_count_kernel[grid](
+        align_count_kernel[grid](
             topk_ids, lmap, len_, counts, chunk_counts, numel, num_experts, slots,
-            NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable, **keys,
+            NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable,
+            PAIR_ATOMICS=not stable and numel <= PAIR_ATOMICS_MAX_PER_EXPERT * num_experts,
+            **keys,
         )  # fmt: skip
-        _align_offsets_kernel[(_OFFSET_PROGRAMS,)](
+        align_offsets_kernel[(_OFFSET_PROGRAMS,)](
             counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks,
             SUB=sub, BLOCK_M=block_m, NUM_BINS=num_bins, BLOCK_CHUNK=_BLOCK_CHUNK,
-            CURSOR_STEP=step,
+            SENT_COLS=sentinel_cols(num_bins), CURSOR_STEP=step,
         )  # fmt: skip
-        _align_scatter_kernel[grid](
+        align_scatter_kernel[grid](
             topk_ids, lmap, len_, sorted_ids, cursor, chunk_counts, numel, num_experts, slots,
             CHUNK=chunk, NUM_BINS=num_bins, STABLE=stable, CURSOR_STEP=step, **keys,
         )  # fmt: skip
