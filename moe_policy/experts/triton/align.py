@@ -269,7 +269,7 @@ def align_fused_kernel(
     expert_ids_ptr,  # [max_blocks] out
     num_padded_ptr,  # [1] out
     block_rows_ptr,  # [max_blocks] out
-    cursor_ptr,  # [2 * NUM_BINS * SUB] scratch: the keys' first rows, then their counts
+    cursor_ptr,  # scratch: the keys' first rows [NUM_BINS * SUB], then (not STABLE) their counts
     # sizes
     numel,
     num_experts,
@@ -551,7 +551,8 @@ def moe_align(
         return AlignedRouting(sorted_ids, expert_ids, num_padded, block_rows, block_m, max_blocks)
     keys = dict(TOP_K=topk_ids.shape[1], SUB=sub)
     if numel <= FUSED_MAX:
-        cursor = take((2 * num_bins * sub,), torch.int32)
+        # the keys' first rows, then (not stable) the counts the atomics add up
+        cursor = take(((1 if stable else 2) * num_bins * sub,), torch.int32)
         align_fused_kernel[(1,)](
             topk_ids, lmap, len_, sorted_ids, expert_ids, num_padded, block_rows, cursor,
             numel, num_experts, max_blocks, slots,
