@@ -238,6 +238,18 @@ def test_sentinel_tiles_narrow_as_bins_grow():
     )[::-1]
 
 
+def test_counting_chunks_shrink_until_their_histograms_add_up_to_too_many_entries():
+    """The counting and scatter kernels take 256 pairs a program with per-pair atomics or few
+    keys, and longer chunks where the chunks' histogram rows would pass HISTOGRAM_ENTRIES."""
+    from moe_policy.experts.triton.align import HISTOGRAM_ENTRIES, count_chunk
+
+    assert count_chunk(81920, 1024, pair_atomics=True) == 256
+    assert count_chunk(8192 * 8, 64, pair_atomics=False) == 256  # 256 chunks of 64 bins
+    assert count_chunk(4096 * 8, 256, pair_atomics=False) == 512  # 128 x 256 > limit
+    assert count_chunk(8192 * 10, 1024, pair_atomics=False) == 1024  # 160 x 1024 at 512 pairs
+    assert 64 * 256 <= HISTOGRAM_ENTRIES < 128 * 256
+
+
 def test_adapter_ordered_alignment_fits_in_a_small_output(device):
     """The multi-program alignment's tables, 2048 adapter-ordered cursors of 128 experts
     included, are carved out of the output of the smallest call that takes that path (T=129,

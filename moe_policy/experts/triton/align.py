@@ -65,8 +65,9 @@ from moe_policy.experts.triton.workspace import Alloc, fresh
 
 #: Largest ``numel`` handled by the single-program kernel.
 FUSED_MAX = 1024
-#: Pairs per program in the multi-program path (a stable alignment takes fewer, as each
-#: program ranks its pairs with a [chunk, bins] cumulative sum).
+#: Pairs per program of the one-launch alignment (the four-kernel one: ``count_chunk``; a
+#: stable alignment takes fewer, as each program ranks its pairs with a [chunk, bins]
+#: cumulative sum).
 PAIRS_PER_PROGRAM = 1024
 #: Largest ``numel`` and bin count of the one-launch multi-program alignment: each of its
 #: programs counts every chunk, so its work grows with the chunks and the bins. On the H200 it
@@ -92,8 +93,18 @@ CURSOR_STEP = 32
 #: ... within this many bytes for all cursors (closer together beyond: 2048 adapter-ordered
 #: keys get 16 bytes each), so that they stay a small part of the output they are carved from.
 CURSOR_BYTES = 32768
-#: Programs of the multi-program offsets kernel.
-_OFFSET_PROGRAMS = 8
+#: Programs of the multi-program offsets kernel: with 1,024 bins and 128-row blocks its 128
+#: one-column sentinel steps are most of its work (H200: Qwen3-Next-80B's alignment at T=8192
+#: 26.4 -> 20.0 us with 32 programs instead of 8; within noise with 64 bins).
+_OFFSET_PROGRAMS = 32
+#: Pairs per program of the counting and scatter kernels, from the fewest: more programs count
+#: and scatter sooner, but each adds its chunk's histogram into the counters as a row of keys,
+#: so the chunk is the smallest that keeps those rows within ``HISTOGRAM_ENTRIES`` (any, with
+#: per-pair atomics). H200, alignment alone: 256-pair chunks took Granite-3.0-1B at T=1024
+#: 7.7 -> 6.7 us and Qwen3-Next-80B at T=1024 11.2 -> 8.7; 1,024 kept Qwen3-Next-80B at T=8192
+#: (320 x 1,024 entries in 256-pair chunks) from 20.0 -> 24.3.
+COUNT_CHUNKS = (256, 512, 1024)
+HISTOGRAM_ENTRIES = 24 * 1024
 #: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
 MAX_SORT_KEYS = 4096
 #: Most pairs per expert, on average, for which the counting kernel adds one atomic per pair
@@ -132,6 +143,14 @@ def sentinel_cols(num_bins: int) -> int:
     """Padding rows each step of the sentinel stores writes per expert (a power of two, 1 to
     16), so that a [num_bins, cols] tile stays within ``SENTINEL_TILE`` elements."""
     return max(1, min(16, SENTINEL_TILE // num_bins))
+
+
+def count_chunk(numel: int, num_keys: int, pair_atomics: bool) -> int:
+    """Pairs per program of the counting and scatter kernels (``COUNT_CHUNKS``)."""
+    for chunk in COUNT_CHUNKS[:-1]:
+        if pair_atomics or -(-numel // chunk) * num_keys <= HISTOGRAM_ENTRIES:
+            return chunk
+    return COUNT_CHUNKS[-1]
 
 
 def max_blocks_for(numel: int, num_experts: int, block_m: int) -> int:
@@ -576,14 +595,14 @@ def moe_align(
         step = cursor_step(num_bins * sub)
         counts = take((num_bins * sub,), torch.int32).zero_()
         cursor = take((num_bins * sub * step,), torch.int32)  # written by the offsets kernel
-        chunk = STABLE_PAIRS_PER_PROGRAM if stable else PAIRS_PER_PROGRAM
+        pair_atomics = not stable and numel <= PAIR_ATOMICS_MAX_PER_EXPERT * num_experts
+        chunk = (STABLE_PAIRS_PER_PROGRAM if stable
+                 else count_chunk(numel, num_bins * sub, pair_atomics))  # fmt: skip
         grid = (triton.cdiv(numel, chunk),)
         chunk_counts = take((grid[0] * num_bins,), torch.int32) if stable else counts
         align_count_kernel[grid](
             topk_ids, lmap, len_, counts, chunk_counts, numel, num_experts, slots,
-            NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable,
-            PAIR_ATOMICS=not stable and numel <= PAIR_ATOMICS_MAX_PER_EXPERT * num_experts,
-            **keys,
+            NUM_BINS=num_bins, CHUNK=chunk, STABLE=stable, PAIR_ATOMICS=pair_atomics, **keys,
         )  # fmt: skip
         align_offsets_kernel[(_OFFSET_PROGRAMS,)](
             counts, sorted_ids, expert_ids, num_padded, block_rows, cursor,
