@@ -144,7 +144,7 @@ def compile_align(*, num_bins: int, block_m: int, arch: int = 90) -> dict[str, A
                  SENT_COLS=align.sentinel_cols(num_bins), CURSOR_STEP=1)  # fmt: skip
     kernels = {"align_offsets": _compile(align.align_offsets_kernel, {**const, "SUB": 1}, ints,
                                          num_warps=4, num_stages=1, arch=arch, dtype="i32")}  # fmt: skip
-    if (align.FUSED_MAX + 1) * num_bins <= align.ONE_PASS_WORK:
+    if num_bins <= align.ONE_PASS_MAX_BINS:
         kernels["align_one_pass"] = _compile(
             align.align_one_pass_kernel,
             {**const, "TOP_K": 8, "CHUNK": align.PAIRS_PER_PROGRAM}, ints, num_warps=4,

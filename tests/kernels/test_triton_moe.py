@@ -178,9 +178,8 @@ FOUR_KERNELS = ["align_count_kernel", "align_offsets_kernel", "align_scatter_ker
     [
         (500, 8, 16, "skewed", ONE_PASS),  # four chunks
         (1300, 3, 8, "uniform", ONE_PASS),
-        (300, 8, 30, "uniform", ONE_PASS),  # 32 bins, three chunks
-        (300, 7, 300, "uniform", FOUR_KERNELS),  # 512 bins: past ONE_PASS_WORK
-        (400, 7, 600, "uniform", FOUR_KERNELS),  # 1024 bins
+        (300, 7, 300, "uniform", ONE_PASS),  # 512 bins
+        (400, 7, 600, "uniform", FOUR_KERNELS),  # 1024 bins: past ONE_PASS_MAX_BINS
         (700, 8, 16, "skewed", FOUR_KERNELS),  # past ONE_PASS_MAX pairs
     ],
 )
@@ -188,7 +187,7 @@ def test_multi_program_alignment_over_many_chunks(t, k, e, kind, kernels, device
                                                   record_launches):  # fmt: skip
     """Several chunks, a busy expert taking half of the pairs and a few dropped pairs in every
     chunk: the alignment's invariants hold in the one-launch path (every program counts all
-    chunks) and, past ``ONE_PASS_MAX`` pairs or ``ONE_PASS_WORK`` pairs times bins, in the counting,
+    chunks) and, past ``ONE_PASS_MAX`` pairs or ``ONE_PASS_MAX_BINS`` bins, in the counting,
     offsets and scatter kernels."""
     from moe_policy.experts.triton import align
 

@@ -97,11 +97,11 @@ def test_persistent_gemms_flatten_their_tile_loop():
     assert ptx_report.loop_count("scf.for %a = ...\n scf.for %b = ...\n scf.forall") == 2
 
 
-@pytest.mark.parametrize("bins", [64, 1024])
+@pytest.mark.parametrize("bins", [512, 1024])
 def test_alignment_block_tables_stay_in_registers(bins):
     """The alignment kernels that write the block tables keep their [bins, columns] sentinel
     tiles in registers up to 1,024 bins (16 columns of 1,024 bins spilled 816 bytes a thread,
     and that kernel took 9 us of a Qwen3-Next-80B layer on the H200)."""
     rep = _report("--align-bins", str(bins), "--block-m", "128")
-    assert set(rep) == ({"align_offsets", "align_one_pass"} if bins <= 64 else {"align_offsets"})
+    assert set(rep) == ({"align_offsets", "align_one_pass"} if bins <= 512 else {"align_offsets"})
     assert {name: r["spill_bytes"] for name, r in rep.items()} == dict.fromkeys(rep, 0)

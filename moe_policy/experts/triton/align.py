@@ -40,7 +40,7 @@ within ``MAX_SORT_KEYS``.
 Small problems (``numel <= FUSED_MAX``) use one program of one kernel, which counts the pairs
 with atomics on a zeroed row, each pair's atomic handing back its rank in its key (a
 histogram's work grows with pairs times bins; a stable alignment keeps it). Up to
-``ONE_PASS_MAX`` pairs and ``ONE_PASS_WORK`` pairs times bins (no adapter order, not stable) one
+``ONE_PASS_MAX`` pairs and ``ONE_PASS_MAX_BINS`` bins (no adapter order, not stable) one
 kernel of one program per chunk: each program counts every chunk's pairs itself (so it knows
 the experts' starts and how many of each expert's pairs the earlier chunks hold, with no
 other program to wait for), writes its share of the block tables and scatters its chunk from
@@ -69,13 +69,12 @@ FUSED_MAX = 1024
 #: stable alignment takes fewer, as each program ranks its pairs with a [chunk, bins]
 #: cumulative sum).
 PAIRS_PER_PROGRAM = 1024
-#: Largest ``numel``, and largest ``numel`` times bins, of the one-launch multi-program
-#: alignment: each of its programs counts every chunk, so its work grows with the pairs and
-#: the bins. H200, alignment alone, against the four kernels: 0.2-1.4 us faster up to 2^17
-#: (Granite-3.0-1B T=256, Mixtral-8x7B and Phi-3.5-MoE T=1024), 0.7-2.0 us slower from 2^19
-#: (Qwen3-30B-A3B, DeepSeek-V3, MiniMax-M2 T=256; Granite-3.0-1B T=512), even between.
+#: Largest ``numel`` and bin count of the one-launch multi-program alignment: each of its
+#: programs counts every chunk, so its work grows with the chunks and the bins. On the H200 it
+#: beat the four launches by up to 6 % of a small layer (Granite-3.0-1B at T=256) with up to
+#: four chunks and 512 bins, and lost up to 2 % with eight chunks or 1024 bins.
 ONE_PASS_MAX = 4 * PAIRS_PER_PROGRAM
-ONE_PASS_WORK = 1 << 17
+ONE_PASS_MAX_BINS = 512
 STABLE_PAIRS_PER_PROGRAM = 256
 #: Blocks per step when ``-1`` is written past the end of ``expert_ids``.
 _BLOCK_CHUNK = 64
@@ -581,7 +580,7 @@ def moe_align(
             SENT_COLS=FUSED_SENTINEL_COLS,
             STABLE=stable, **keys,
         )  # fmt: skip
-    elif sub == 1 and not stable and numel <= ONE_PASS_MAX and numel * num_bins <= ONE_PASS_WORK:
+    elif sub == 1 and not stable and numel <= ONE_PASS_MAX and num_bins <= ONE_PASS_MAX_BINS:
         grid = (triton.cdiv(numel, PAIRS_PER_PROGRAM),)
         step = cursor_step(num_bins * grid[0])
         cursor = take((grid[0] * num_bins * step,), torch.int32)
