@@ -100,9 +100,9 @@ _OFFSET_PROGRAMS = 32
 #: Pairs per program of the counting and scatter kernels, from the fewest: more programs count
 #: and scatter sooner, but each adds its chunk's histogram into the counters as a row of keys,
 #: so the chunk is the smallest that keeps those rows within ``HISTOGRAM_ENTRIES`` (any, with
-#: per-pair atomics). H200, alignment alone: 256-pair chunks took Granite-3.0-1B at T=1024
-#: 7.7 -> 6.7 us and Qwen3-Next-80B at T=1024 11.2 -> 8.7; 1,024 kept Qwen3-Next-80B at T=8192
-#: (320 x 1,024 entries in 256-pair chunks) from 20.0 -> 24.3.
+#: per-pair atomics). H200, alignment alone, 256-pair chunks against 1,024: Granite-3.0-1B at
+#: T=1024 7.7 -> 6.7 us, Qwen3-Next-80B at T=1024 11.2 -> 9.7, but at T=8192 (320 rows of
+#: 1,024 keys) 20.0 -> 24.3 with 32 offsets programs.
 COUNT_CHUNKS = (256, 512, 1024)
 HISTOGRAM_ENTRIES = 24 * 1024
 #: Most (expert, adapter) keys for ordering pairs by adapter; beyond, pairs are not ordered.
