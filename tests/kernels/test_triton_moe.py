@@ -233,9 +233,8 @@ def test_sentinel_tiles_narrow_as_bins_grow():
     assert cols[2] == cols[64] == 16 and cols[1024] >= 1
     assert all(c & (c - 1) == 0 for c in cols.values())
     assert all(b * c <= align.SENTINEL_TILE for b, c in cols.items() if b >= 64)
-    assert [cols[b] for b in (128, 256, 512, 1024)] == sorted(
-        cols[b] for b in (128, 256, 512, 1024)
-    )[::-1]
+    widths = [cols[b] for b in (64, 128, 256, 512, 1024)]
+    assert widths == sorted(widths, reverse=True)
 
 
 def test_counting_chunks_shrink_until_their_histograms_add_up_to_too_many_entries():
