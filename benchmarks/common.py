@@ -1,14 +1,8 @@
-"""What the benchmarks and tools share: MoE shapes, lower bounds, ceilings, CUDA-graph timing,
-GPU state, memory accounting, argparse types, JSON and plots.
-
-Lower bound of one routed-experts layer (``reference/moe-kernels.md`` §6), bf16 (2 bytes)::
-
-    D      = E * (1 - (1 - k/E)^T)                 expected distinct experts (uniform routing)
-    bytes  = D * bytes_per_expert + 2 * T * H * 2  (weights once, x in, out once)
-    flops  = 2 * T * k * (H * N1 + I * H)          N1 = 2I gated, I non-gated
-    bound  = max(bytes / copy_bandwidth, flops / matmul_rate)
-
-with the copy bandwidth and the bf16 matmul rate measured in the same run.
+"""What the benchmarks and tools share: the shape corpus, measured ceilings, GPU state, memory
+accounting, argparse types, JSON and plots. The layer shapes, their lower bound, random inputs
+and CUDA-graph timing live in ``moe_policy.experts.triton.tuning`` (the tuner ships with the
+package) and are imported from here by the benchmarks; the bound's ceilings are measured in
+the same run (``measure_ceilings``).
 """
 
 from __future__ import annotations
@@ -17,31 +11,85 @@ import contextlib
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from moe_policy.cli.tune import shape_from_model
+from moe_policy.experts.triton.tuning.inputs import (
+    LORA_RANK,
+    LORA_SLOTS,
+    lora_contexts,
+    routing_sets,
+    shape_adapters,
+    shape_weights,
+)
+from moe_policy.experts.triton.tuning.shapes import (
+    FIXED_COPY_TBPS,
+    FIXED_MATMUL_TFLOPS,
+    MoEShape,
+    expected_experts,
+    experts_config,
+    layer_bytes,
+    layer_flops,
+    lower_bound_us,
+)
+from moe_policy.experts.triton.tuning.timing import (
+    LEAD_CYCLES,
+    capture_graph,
+    event_ms,
+    replays_us,
+    rest_s,
+    time_graphs_interleaved,
+)
 
-@dataclass(frozen=True)
-class MoEShape:
-    """One routed-experts layer."""
-
-    name: str
-    num_experts: int
-    hidden: int
-    inter: int
-    top_k: int
-    gated: bool
-    activation: str
-    has_bias: bool = False
-
-    @property
-    def n1(self) -> int:
-        return 2 * self.inter if self.gated else self.inter
-
-    @property
-    def bytes_per_expert(self) -> int:
-        return (self.n1 * self.hidden + self.hidden * self.inter) * 2
+__all__ = [  # this module's names and the tuning modules' it passes on to the benchmarks
+    "ALLOC_GRANULE",
+    "CORPUS_FILE",
+    "DEFAULT_SHAPES",
+    "DEFAULT_TOKENS",
+    "FIXED_COPY_TBPS",
+    "FIXED_MATMUL_TFLOPS",
+    "LEAD_CYCLES",
+    "LORA_RANK",
+    "LORA_SLOTS",
+    "SHAPES",
+    "THROTTLE_BITS",
+    "UNTUNED_SHAPES",
+    "MoEShape",
+    "add_shape_args",
+    "alloc_block",
+    "capture_graph",
+    "duty_fraction",
+    "event_ms",
+    "expected_experts",
+    "experts_config",
+    "gpu_state",
+    "kernel_times",
+    "layer_bytes",
+    "layer_flops",
+    "load_shapes",
+    "lora_contexts",
+    "lower_bound_us",
+    "measure_ceilings",
+    "nvidia_smi_id",
+    "parse_gpu_state",
+    "peak_extra_bytes",
+    "plot_ratios",
+    "positive_int",
+    "replays_us",
+    "rest_s",
+    "routing_sets",
+    "shape_adapters",
+    "shape_from_model",
+    "shape_weights",
+    "throttle_reasons",
+    "time_eager_us",
+    "time_graph_held_us",
+    "time_graph_us",
+    "time_graphs_interleaved",
+    "write_json",
+]
 
 
 #: The shape corpus: routed-expert layers of public MoE models (``moe_shapes.json`` beside this
@@ -75,139 +123,14 @@ UNTUNED_SHAPES = tuple(
 )
 
 
-def shape_from_model(spec: str) -> MoEShape:
-    """The routed-expert layer of a Hugging Face ``config.json`` (a file, a model directory or
-    a bundled model's name), named after the file; PolicyError naming the file and key when
-    the config has no MoE facts."""
-    from moe_policy.core.model import load_model
-
-    facts = load_model(spec)
-    path = Path(facts.path)
-    name = path.parent.name if path.name == "config.json" else path.stem
-    return MoEShape(name, int(facts.value("model.num_experts")),
-                    int(facts.value("model.hidden_size")),
-                    int(facts.value("model.intermediate_size")), int(facts.value("model.top_k")),
-                    bool(facts.value("model.gated")), str(facts.value("model.activation")),
-                    bool(facts.value("model.has_bias")))  # fmt: skip
-
-
 #: What the GPU benchmarks and tuning tools run by default: three shapes, decode to prefill.
 DEFAULT_SHAPES = ("nemotron3-nano", "mixtral-8x7b", "qwen3-30b-a3b")
 DEFAULT_TOKENS = (1, 16, 64, 256, 1024, 4096, 8192)
 
 
-def expected_experts(shape: MoEShape, t: int) -> float:
-    """Expected distinct experts touched by t tokens under uniform top-k routing."""
-    e, k = shape.num_experts, shape.top_k
-    return e * (1.0 - (1.0 - k / e) ** t)
-
-
-def layer_bytes(shape: MoEShape, t: int) -> float:
-    """Fewest HBM bytes of one layer call: touched weights once, x and out once."""
-    return expected_experts(shape, t) * shape.bytes_per_expert + 2 * t * shape.hidden * 2
-
-
-def layer_flops(shape: MoEShape, t: int) -> float:
-    """Matmul FLOPs of one layer call (both GEMMs, all routed pairs)."""
-    return 2.0 * t * shape.top_k * (shape.hidden * shape.n1 + shape.inter * shape.hidden)
-
-
-#: Fixed ceilings (H200: copy TB/s, bf16 matmul TFLOP/s) of the bound ratios the docs report,
-#: so that runs with their own measured ceilings compare.
-FIXED_COPY_TBPS, FIXED_MATMUL_TFLOPS = 4.29, 781.0
-
-
-def lower_bound_us(shape: MoEShape, t: int, copy_tbps: float, matmul_tflops: float) -> float:
-    """max(memory time, compute time) in microseconds."""
-    t_mem = layer_bytes(shape, t) / (copy_tbps * 1e12)
-    t_cmp = layer_flops(shape, t) / (matmul_tflops * 1e12)
-    return max(t_mem, t_cmp) * 1e6
-
-
 # ---------------------------------------------------------------- inputs
 
-#: LoRA of the benchmarks and tools: 4 adapter slots of rank 16, tokens round-robin over them.
-LORA_SLOTS, LORA_RANK = 4, 16
-
-
-def experts_config(shape: MoEShape) -> Any:
-    """The :class:`~moe_policy.experts.base.ExpertsConfig` of one benchmark shape."""
-    from moe_policy.experts.base import ExpertsConfig
-
-    return ExpertsConfig(shape.num_experts, shape.hidden, shape.inter, shape.top_k,
-                         shape.activation, shape.gated, shape.has_bias)  # fmt: skip
-
-
-def shape_weights(shape: MoEShape, device: str = "cuda", seed: int = 0) -> dict[str, Any]:
-    """Random bf16 weights of ``shape`` in the common layout (biases where it has them),
-    drawn on ``device``."""
-    import torch
-
-    from moe_policy.experts.testing import make_weights, seeded
-
-    return make_weights(experts_config(shape), torch.bfloat16, device,
-                        generator=seeded(seed, device))  # fmt: skip
-
-
-def shape_adapters(shape: MoEShape, device: str = "cuda", seed: int = 1) -> Any:
-    """``LORA_SLOTS`` random bf16 adapters of rank ``LORA_RANK`` for ``shape`` (scaling 1)."""
-    import torch
-
-    from moe_policy.experts.testing import make_lora, seeded
-
-    return make_lora(experts_config(shape), num_slots=LORA_SLOTS, max_rank=LORA_RANK,
-                     ranks=[LORA_RANK] * LORA_SLOTS, dtype=torch.bfloat16, device=device,
-                     scaling=1.0, generator=seeded(seed, device))  # fmt: skip
-
-
-def routing_sets(
-    shape: MoEShape,
-    t: int,
-    n: int,
-    device: str = "cuda",
-    seed: int = 0,
-    dtype: Any = None,
-    num_experts: int | None = None,
-) -> list[tuple[Any, Any, Any]]:
-    """``n`` inputs of one layer call at ``t`` tokens: (x [t, H] in ``dtype``, default bf16,
-    topk_weights, topk_ids) with uniform routing over ``num_experts`` (default the shape's),
-    each set its own (so that consecutive calls touch different experts)."""
-    import torch
-
-    from moe_policy.experts.testing import make_routing, make_x, seeded
-
-    g = seeded(seed + t, device)
-    e = num_experts or shape.num_experts
-    sets = []
-    for _ in range(n):
-        x = make_x(t, shape.hidden, dtype or torch.bfloat16, device, generator=g)
-        tw, ti = make_routing(t, e, shape.top_k, device, generator=g)
-        sets.append((x, tw, ti))
-    return sets
-
-
-def lora_contexts(adapters: Any, t: int, n: int, device: str = "cuda") -> list[Any]:
-    """``n`` LoRA contexts of ``adapters`` for ``t`` tokens, round-robin over the slots."""
-    from moe_policy.experts.testing import lora_context, lora_mapping
-
-    mapping = lora_mapping(t, "round_robin", LORA_SLOTS, device)
-    return [lora_context(adapters, mapping) for _ in range(n)]
-
-
 # ---------------------------------------------------------------- timing
-
-
-def event_ms(fn: Callable[[], Any], calls: int = 1) -> float:
-    """ms per call of ``calls`` back-to-back calls of ``fn``, timed with CUDA events."""
-    import torch
-
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(calls):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / calls
 
 
 def _events_median_ms(fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
@@ -328,27 +251,6 @@ def gpu_state(index: int | None = None) -> dict[str, Any]:
         return {}
 
 
-def capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
-    """Warm ``calls`` on a side stream (compile, allocate), capture them in one CUDA graph,
-    replay it once; returns the graph."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
 def _converted(text: str, convert: Callable[[str], Any], noun: str) -> Any:
     """``convert(text)`` for an argparse type; ArgumentTypeError "not <noun>" when it fails."""
     import argparse
@@ -389,42 +291,13 @@ def positive_int(text: str) -> int:
     return int(n)
 
 
-def rest_s(busy_ms: float, duty: float) -> float:
-    """Seconds to leave the GPU idle after ``busy_ms`` of work so that it runs at most a
-    ``duty`` fraction of the time (``duty`` 1: no rest)."""
-    if not 0.0 < duty <= 1.0:
-        raise ValueError(f"duty must be in (0, 1], got {duty}")
-    return busy_ms * 1e-3 * (1.0 / duty - 1.0)
-
-
-#: GPU clock cycles of a spin kernel queued before each timed sample (~50 µs at 1.98 GHz):
-#: the start event then fires once the CPU has queued the replays behind it, so a sample times
-#: the GPU, not the graph launch's host latency, which a decode layer timed one replay per
-#: sample after a rest would otherwise carry (H200, Qwen3 T=1: 25.9 instead of 24.9 µs).
-LEAD_CYCLES = 100_000
-
-
-def _replays_us(graph: Any, replays: int, calls: int, duty: float = 1.0) -> float:
-    """Event-timed ``replays`` back-to-back replays of ``graph``; µs per call. With ``duty``
-    < 1 the GPU then rests (``rest_s``), so that a power-capped board comes back to its boost
-    clock before the next sample."""
-    import time
-
-    import torch
-
-    torch.cuda._sleep(LEAD_CYCLES)
-    ms = event_ms(graph.replay, replays)
-    time.sleep(rest_s(ms * replays, duty))
-    return ms * 1e3 / calls
-
-
 def time_graph_us(
     calls: Sequence[Callable[[], Any]], replays: int = 20, duty: float = 1.0
 ) -> dict[str, float]:
     """Capture ``calls`` once in a CUDA graph, replay it; per-call µs (median, p20, p80).
     ``duty`` < 1: the GPU rests after each replay (``rest_s``)."""
     graph = capture_graph(calls)
-    per = [_replays_us(graph, 1, len(calls), duty) for _ in range(replays)]
+    per = [replays_us(graph, 1, len(calls), duty) for _ in range(replays)]
     del graph
     q = statistics.quantiles(per, n=5)
     return {"us": statistics.median(per), "p20_us": q[0], "p80_us": q[-1], "replays": replays}
@@ -437,33 +310,6 @@ def time_graph_held_us(calls: Sequence[Callable[[], Any]], seconds: float) -> di
     us = _held_ms(graph.replay, seconds) * 1e3 / len(calls)
     del graph
     return {"held_us": us, "held_s": seconds}
-
-
-def time_graphs_interleaved(
-    variants: dict[str, Sequence[Callable[[], Any]]],
-    rounds: int = 10,
-    replays: int = 5,
-    duty: float = 1.0,
-) -> dict[str, dict[str, float]]:
-    """Per-call µs of several variants, each captured in its own CUDA graph and timed in
-    ``rounds`` rounds of ``replays`` replays, the variants in a rotated order every round, so
-    that clock and thermal drift fall on all of them alike (median and p20/p80 over rounds).
-    ``duty`` < 1: the GPU rests after each sample (``rest_s``), so that every sample starts
-    near the boost clock instead of wherever the power cap left the previous one."""
-    graphs = {name: (capture_graph(calls), len(calls)) for name, calls in variants.items()}
-    names = list(graphs)
-    per: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            graph, n_calls = graphs[name]
-            per[name].append(_replays_us(graph, replays, n_calls, duty))
-    del graphs
-    out = {}
-    for name, xs in per.items():
-        q = statistics.quantiles(xs, n=5) if len(xs) > 1 else [xs[0], xs[0]]
-        out[name] = {"us": statistics.median(xs), "p20_us": q[0], "p80_us": q[-1],
-                     "replays": rounds * replays}  # fmt: skip
-    return out
 
 
 def kernel_times(fn: Callable[[], Any]) -> list[tuple[str, float]]:

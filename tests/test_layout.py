@@ -4,7 +4,8 @@ another module's private names.
 Layers, lowest first: ``core`` (the torch-free decision path) < ``settings`` <
 ``reporting`` < ``fleet`` / ``lint`` < the API (``api``, ``testing``, the package root)
 < ``cli`` and ``integrations``; ``layer`` is the one bridge from decisions to
-``experts`` (the kernels), which import nothing of the policy side. ``errors``,
+``experts`` (the kernels), which import nothing of the policy side (``cli.tune``, the
+command that times the kernels, reaches them too). ``errors``,
 ``_version`` and ``schemas`` (the shipped JSON Schemas) are leaves every layer may use.
 Imports under ``if TYPE_CHECKING:`` do not run and are not checked.
 """
@@ -44,6 +45,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "moe_policy.__main__": (*API, "moe_policy.cli"),  # `python -m moe_policy`: the CLI
     "moe_policy.planning": (*API, "moe_policy.planning"),
     "moe_policy.cli": (*API, "moe_policy.planning", "moe_policy.cli"),
+    # the tuner's command: the CLI's one way down to the kernels it times
+    "moe_policy.cli.tune": (*API, "moe_policy.cli", "moe_policy.experts"),
     "moe_policy.layer": (*API, "moe_policy.experts"),
     "moe_policy.integrations": (
         *API,

@@ -15,6 +15,9 @@ from benchmarks.common import (
     shape_weights,
 )
 from moe_policy.experts.triton.config import MoEConfig
+from moe_policy.experts.triton.tuning.inputs import call_layer as call
+
+__all__ = ["call", "compile_configs", "layer", "layer_lora"]
 
 _STATE: dict[str, Any] = {}
 
@@ -39,17 +42,6 @@ def layer(shape: MoEShape) -> Any:
 def layer_lora(shape: MoEShape, t: int, n: int) -> list[Any]:
     """``n`` LoRA contexts of the benchmark adapters for ``shape`` at ``t`` tokens."""
     return lora_contexts(shape_adapters(shape), t, n)
-
-
-def call(backend: Any, cfg: MoEConfig, x: Any, tw: Any, ti: Any, lora: Any = None) -> Any:
-    """One layer call of ``backend`` with the tile config ``cfg`` instead of the shipped one."""
-    from moe_policy.experts.triton.fused_moe import fused_moe_triton
-
-    c, w = backend.config, backend.weights
-    return fused_moe_triton(
-        x, w["w13"], w["w2"], tw, ti, activation=c.activation, gated=c.gated,
-        w13_bias=w["w13_bias"], w2_bias=w["w2_bias"], config=cfg, lora=lora,
-    )  # fmt: skip
 
 
 def compile_configs(task: tuple[str, int, list[dict[str, Any]], bool]) -> int:

@@ -1,4 +1,5 @@
-"""``moe-policy``: the command-line entry point (explain, lint, backends, diff, plan, completion).
+"""``moe-policy``: the command-line entry point (explain, lint, backends, diff, plan, schema,
+models, tune, completion).
 
 Each subcommand lives in ``moe_policy/cli/<name>.py`` and exposes
 ``add_parser(subparsers)`` and ``run(args) -> int``. ``COMMANDS`` is the one list
@@ -27,7 +28,17 @@ from moe_policy.cli.parser import Parser, help_epilog
 from moe_policy.errors import BackendOverrideError, MoEPolicyError, NoFeasibleBackendError
 
 #: Every subcommand, in help order; each is ``moe_policy.cli.<name>``.
-COMMANDS = ("explain", "lint", "backends", "diff", "plan", "schema", "models", "completion")
+COMMANDS = (
+    "explain",
+    "lint",
+    "backends",
+    "diff",
+    "plan",
+    "schema",
+    "models",
+    "tune",
+    "completion",
+)
 
 EXIT_OK = 0
 EXIT_LINT_ERROR = 1

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from benchmarks import common
+from moe_policy.experts.triton.tuning import timing
 
 
 def test_lower_bound_is_memory_at_decode_and_compute_at_prefill():
@@ -109,8 +110,8 @@ def test_interleaved_timing_rests_after_every_sample_and_rotates_the_order(monke
             fn()
         return per_replay_ms[fn.__self__.name]
 
-    monkeypatch.setattr(common, "capture_graph", lambda calls: FakeGraph(calls[0]))
-    monkeypatch.setattr(common, "event_ms", fake_event_ms)
+    monkeypatch.setattr(timing, "capture_graph", lambda calls: FakeGraph(calls[0]))
+    monkeypatch.setattr(timing, "event_ms", fake_event_ms)
     monkeypatch.setattr(time, "sleep", sleeps.append)
     import torch
 

@@ -23,7 +23,6 @@ ENTRY_POINTS = [
     "tools.compare_configs",
     "tools.smem_check",
     "tools.ptx_report",
-    "tools.tune",
 ]
 
 

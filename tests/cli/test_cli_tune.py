@@ -1,37 +1,30 @@
-"""``python -m tools.tune`` on a machine without a GPU: every bad input is one error line
-naming its origin (exit 2) before any GPU work, the candidates it would time, its table, and
-the kernels picking a written file up from ``MOE_POLICY_TUNED_CONFIG_DIR``."""
+"""``moe-policy tune`` on a machine without a GPU: every bad input is one error line naming its
+origin (exit 2) before any GPU work, the candidates it would time, its table, and the kernels
+picking a written file up from ``MOE_POLICY_TUNED_CONFIG_DIR``."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.common import SHAPES
+from moe_policy.cli import tune as tune_cli
 from moe_policy.experts.triton import config as tc
-from tools import tune
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_tune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
-    full = {k: v for k, v in os.environ.items() if k != tc.TUNED_DIR_ENV}
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "tools.tune", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=120, env=full)  # fmt: skip
+from moe_policy.experts.triton.tuning import report, search
+from tests.cli.runner import Run, run_cli
 
 
-def error_line(out: subprocess.CompletedProcess[str]) -> str:
+def run_tune(*args: str, env: dict[str, str] | None = None) -> Run:
+    return run_cli("tune", *args, env=env)
+
+
+def error_line(out: Run) -> str:
     assert out.returncode == 2, out.stdout + out.stderr
-    lines = out.stderr.strip().splitlines()
+    lines = out.errors()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert lines[0].startswith("moe-policy tune: error: ")
+    assert lines[0].startswith("moe-policy: error: ")
     return lines[0]
 
 
@@ -91,7 +84,7 @@ def test_missing_model_file_names_it(tmp_path):
 
 
 def test_rank_shapes_split_the_layer(hf_config):
-    shape, quant = tune.model_shape(hf_config(), tp=2, ep=4)
+    shape, quant = tune_cli.model_shape(hf_config(), tp=2, ep=4)
     assert quant == "none"
     assert (shape.num_experts, shape.top_k, shape.inter, shape.hidden) == (32, 2, 768, 4096)
     assert shape.name.endswith("-tp2-ep4")
@@ -100,7 +93,7 @@ def test_rank_shapes_split_the_layer(hf_config):
 @pytest.mark.parametrize("t", [1, 16, 256, 1024, 4096])
 def test_candidates_start_with_the_heuristic_and_fit(t):
     s = SHAPES["qwen3-235b-a22b"]
-    cands = tune.candidates(s, t)
+    cands = search.candidates(s, t)
     assert cands[0] == tc.heuristic_config(t, s.num_experts, s.top_k, s.hidden, s.inter, s.gated)
     assert len(cands) == len(set(cands)) > 4
     for c in cands:
@@ -113,12 +106,12 @@ def test_candidates_start_with_the_heuristic_and_fit(t):
 
 def test_report_table_and_tuned_file_round_trip(tmp_path, monkeypatch):
     s = SHAPES["qwen3-235b-a22b"]
-    best = tune.candidates(s, 256)[3]
+    best = search.candidates(s, 256)[3]
     rows = [{"T": 256, "bound_us": 1000.0, "heuristic_us": 1100.0, "tuned_us": 1000.0,
              "config": best.to_dict(), "candidates": 9}]  # fmt: skip
-    table = tune.report_table(rows)
+    table = report.report_table(rows)
     assert table.splitlines()[2] == "| 256 | 1100.0 | 1000.0 | +10.0% | 1.00 |"
-    path = tune.write_outputs(s, "NVIDIA H200", rows, str(tmp_path))
+    path = report.write_outputs(s, "NVIDIA H200", rows, str(tmp_path))
     assert Path(path).name == "E=128,N=1536,device_name=NVIDIA_H200.json"
     assert json.loads((tmp_path / "tune_report.json").read_text())["rows"] == rows
     monkeypatch.setenv(tc.TUNED_DIR_ENV, str(tmp_path))
