@@ -104,7 +104,7 @@ def test_candidates_start_with_the_heuristic_and_fit(t):
         assert any(c.persistent for c in cands) and any(not c.persistent for c in cands)
 
 
-def test_report_table_and_tuned_file_round_trip(tmp_path, monkeypatch):
+def test_report_table_and_tuned_file_round_trip(tmp_path, monkeypatch, capsys):
     s = SHAPES["qwen3-235b-a22b"]
     best = search.candidates(s, 256)[3]
     rows = [{"T": 256, "bound_us": 1000.0, "heuristic_us": 1100.0, "tuned_us": 1000.0,
@@ -114,6 +114,13 @@ def test_report_table_and_tuned_file_round_trip(tmp_path, monkeypatch):
     path = report.write_outputs(s, "NVIDIA H200", rows, str(tmp_path))
     assert Path(path).name == "E=128,N=1536,device_name=NVIDIA_H200.json"
     assert json.loads((tmp_path / "tune_report.json").read_text())["rows"] == rows
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # no PNG, and the line says how to get one
+        assert "pip install 'moe-policy[plots]'" in capsys.readouterr().out
+        assert not (tmp_path / "tune_report.png").exists()
+    else:
+        assert (tmp_path / "tune_report.png").stat().st_size > 0
     monkeypatch.setenv(tc.TUNED_DIR_ENV, str(tmp_path))
     tc.load_tuned.cache_clear()
     try:

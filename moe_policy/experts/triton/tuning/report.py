@@ -59,6 +59,6 @@ def write_outputs(shape: MoEShape, device: str, results: list[dict[str, Any]], o
         ax.legend()
         fig.tight_layout()
         fig.savefig(os.path.join(out, "tune_report.png"), dpi=110)
-    except ImportError as exc:
-        print(f"# no plot: {exc}")
+    except ImportError:
+        print("# no plot: matplotlib is not installed (pip install 'moe-policy[plots]')")
     return path
