@@ -11,25 +11,28 @@ from moe_policy.experts.triton.tuning.shapes import MoEShape, experts_config
 LORA_SLOTS, LORA_RANK = 4, 16
 
 
-def shape_weights(shape: MoEShape, device: str = "cuda", seed: int = 0) -> dict[str, Any]:
-    """Random bf16 weights of ``shape`` in the common layout (biases where it has them),
-    drawn on ``device``."""
+def shape_weights(
+    shape: MoEShape, device: str = "cuda", seed: int = 0, dtype: Any = None
+) -> dict[str, Any]:
+    """Random weights of ``shape`` (``dtype``, default bf16) in the common layout (biases where
+    it has them), drawn on ``device``."""
     import torch
 
     from moe_policy.experts.testing import make_weights, seeded
 
-    return make_weights(experts_config(shape), torch.bfloat16, device,
+    return make_weights(experts_config(shape), dtype or torch.bfloat16, device,
                         generator=seeded(seed, device))  # fmt: skip
 
 
-def shape_adapters(shape: MoEShape, device: str = "cuda", seed: int = 1) -> Any:
-    """``LORA_SLOTS`` random bf16 adapters of rank ``LORA_RANK`` for ``shape`` (scaling 1)."""
+def shape_adapters(shape: MoEShape, device: str = "cuda", seed: int = 1, dtype: Any = None) -> Any:
+    """``LORA_SLOTS`` random adapters (``dtype``, default bf16) of rank ``LORA_RANK`` for
+    ``shape`` (scaling 1)."""
     import torch
 
     from moe_policy.experts.testing import make_lora, seeded
 
     return make_lora(experts_config(shape), num_slots=LORA_SLOTS, max_rank=LORA_RANK,
-                     ranks=[LORA_RANK] * LORA_SLOTS, dtype=torch.bfloat16, device=device,
+                     ranks=[LORA_RANK] * LORA_SLOTS, dtype=dtype or torch.bfloat16, device=device,
                      scaling=1.0, generator=seeded(seed, device))  # fmt: skip
 
 
