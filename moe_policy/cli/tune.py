@@ -151,10 +151,23 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or os.environ.get(TUNED_DIR_ENV, "").strip()
     if not out:
         raise TuneError(f"cli:--out: no directory: give --out DIR or set {TUNED_DIR_ENV}")
-    out = writable_dir(out, "cli:--out" if args.out else f"env:{TUNED_DIR_ENV}")
+    origin = "cli:--out" if args.out else f"env:{TUNED_DIR_ENV}"
+    out = writable_dir(out, origin)
     device = require_gpu()
-    from moe_policy.experts.triton.tuning.report import report_table, write_outputs
+    from moe_policy.experts.triton.tuning.report import (
+        kept_configs,
+        report_table,
+        tuned_file_path,
+        write_outputs,
+    )
     from moe_policy.experts.triton.tuning.search import tune
+
+    try:  # an earlier file's other token counts are kept; one that is not a tuned file stops it
+        kept = set(kept_configs(tuned_file_path(shape, device, out))) - set(args.tokens)
+    except ValueError as exc:
+        raise TuneError(f"{origin}: {exc}; move it away or tune into another directory") from None
+    if kept:
+        print(f"# keeping the file's entries for T={sorted(kept)}", flush=True)
 
     results = tune(shape, sorted(set(args.tokens)), args.lora, args.jobs, args.rounds)
     path = write_outputs(shape, device, results, out)

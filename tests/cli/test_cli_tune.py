@@ -4,6 +4,7 @@ picking a written file up from ``MOE_POLICY_TUNED_CONFIG_DIR``."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -128,3 +129,33 @@ def test_report_table_and_tuned_file_round_trip(tmp_path, monkeypatch, capsys):
         assert tc.get_config(200, 128, 8, 4096, 1536, True, "NVIDIA H200") == best
     finally:
         tc.load_tuned.cache_clear()
+
+
+def test_a_new_run_keeps_the_token_counts_it_does_not_tune(tmp_path):
+    s = SHAPES["qwen3-235b-a22b"]
+    old, new = search.candidates(s, 1)[1], search.candidates(s, 256)[2]
+    row = {"T": 256, "bound_us": 1000.0, "heuristic_us": 1100.0, "tuned_us": 1000.0,
+           "config": new.to_dict(), "candidates": 9}  # fmt: skip
+    report.write_outputs(s, "NVIDIA H200", [{**row, "T": 1, "config": old.to_dict()}],
+                         str(tmp_path))  # fmt: skip
+    path = report.write_outputs(s, "NVIDIA H200", [row], str(tmp_path))
+    assert tc.read_tuned_file(path) == {1: old, 256: new}
+    assert list(json.loads(Path(path).read_text())["configs"]) == ["1", "256"]
+
+
+def test_a_file_that_is_not_a_tuned_file_stops_the_run_before_tuning(tmp_path, monkeypatch):
+    """Without a GPU here, the GPU check is replaced; the run stops on the file, which it
+    leaves as it was, before any tuning."""
+    s = SHAPES["qwen3-235b-a22b"]
+    bad = Path(report.tuned_file_path(s, "NVIDIA H200", str(tmp_path)))
+    bad.write_text('{"configs": {"1": {"block_m": 16}}}')
+    monkeypatch.setattr(tune_cli, "require_gpu", lambda: "NVIDIA H200")
+    monkeypatch.setattr(search, "tune", lambda *a: pytest.fail("tuned despite the bad file"))
+    args = argparse.Namespace(model="qwen3-30b-a3b", tp=1, ep=1, tokens=[1], lora=False,
+                                       out=str(tmp_path), jobs=1, rounds=1)  # fmt: skip
+    monkeypatch.setattr(tune_cli, "model_shape", lambda *a: (s, "none"))
+    with pytest.raises(tune_cli.TuneError) as err:
+        tune_cli.run(args)
+    msg = str(err.value)
+    assert msg.startswith(f"cli:--out: {bad}: not a tuned config file") and "move it away" in msg
+    assert bad.read_text() == '{"configs": {"1": {"block_m": 16}}}'

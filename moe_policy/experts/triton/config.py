@@ -324,14 +324,20 @@ def load_tuned(num_experts: int, inter: int, device_name: str) -> dict[int, MoEC
     return None
 
 
-@lru_cache(maxsize=64)
-def _load_tuned_file(path: str) -> dict[int, MoEConfig]:
+def read_tuned_file(path: str) -> dict[int, MoEConfig]:
+    """The configs of one tuned file by token count; ValueError naming the file when it cannot
+    be read or is not a tuned file."""
     try:
         raw = json.loads(Path(path).read_text())
         table = raw.get("configs", raw)
         return {int(m): MoEConfig.from_dict(c) for m, c in table.items()}
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         raise ValueError(f"{path}: not a tuned config file ({exc})") from exc
+
+
+@lru_cache(maxsize=64)
+def _load_tuned_file(path: str) -> dict[int, MoEConfig]:
+    return read_tuned_file(path)
 
 
 #: Forget the parsed tuned files (after one was written or replaced).

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from moe_policy.experts.triton.config import config_file_name
+from moe_policy.experts.triton.config import config_file_name, read_tuned_file
 from moe_policy.experts.triton.tuning.shapes import MoEShape
 
 
@@ -28,13 +28,29 @@ def report_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def tuned_file_path(shape: MoEShape, device: str, out: str) -> str:
+    """Where the tuned file of ``shape`` on ``device`` goes in ``out``."""
+    return os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
+
+
+def kept_configs(path: str) -> dict[int, dict[str, Any]]:
+    """The entries of a tuned file already at ``path`` (none when there is no file), which a
+    new run keeps for the token counts it does not tune; ValueError naming the file when it is
+    not a tuned file (it is not overwritten)."""
+    if not os.path.exists(path):
+        return {}
+    return {t: c.to_dict() for t, c in read_tuned_file(path).items()}
+
+
 def write_outputs(shape: MoEShape, device: str, results: list[dict[str, Any]], out: str) -> str:
-    """The tuned file (token count -> config), ``tune_report.json`` and ``tune_report.png``."""
+    """The tuned file (token count -> config; entries of an earlier file for other token counts
+    kept), ``tune_report.json`` and ``tune_report.png``."""
     import triton
 
-    path = os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
+    path = tuned_file_path(shape, device, out)
+    configs = {**kept_configs(path), **{int(r["T"]): r["config"] for r in results}}
     payload = {"triton_version": triton.__version__, "device_name": device, "model": shape.name,
-               "configs": {str(r["T"]): r["config"] for r in results}}  # fmt: skip
+               "configs": {str(t): configs[t] for t in sorted(configs)}}  # fmt: skip
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
         f.write("\n")
