@@ -1299,3 +1299,36 @@ def test_user_tuned_dir_wins_over_shipped_files(tmp_path, monkeypatch):
             tc.get_config(64, 128, 8, 2048, 768, True, "NVIDIA H200")
     finally:
         tc.load_tuned.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "want"),
+    [
+        ("block_m", 3, "block_m must be a power of two from 16 to 256, got 3"),
+        ("block_n", 24, "block_n must be a power of two from 16 to 512, got 24"),
+        ("block_k", "64", "block_k must be a power of two from 16 to 512, got '64'"),
+        ("num_warps", 3, "num_warps must be 1, 2, 4, 8 or 16, got 3"),
+        ("num_stages", 0, "num_stages must be an integer from 1 to 8, got 0"),
+        ("group_m", True, "group_m must be an integer >= 1, got True"),
+        ("tma", "yes", "tma must be true or false, got 'yes'"),
+    ],
+)
+def test_a_tuned_file_with_values_no_kernel_takes_is_refused_when_read(tmp_path, monkeypatch,
+                                                                       where, value, want):  # fmt: skip
+    """A tuned file is user input: a tile Triton would reject (or fail on) inside a launch is
+    one error naming the file and the value when the file is read."""
+    import json
+
+    cfg = tc.MoEConfig(32, tc.GemmConfig(32, 64), tc.GemmConfig(64, 64)).to_dict()
+    (cfg if where == "block_m" else cfg["gemm2"])[where] = value
+    name = tc.config_file_name(128, 768, "NVIDIA H200")
+    (tmp_path / name).write_text(json.dumps({"configs": {"64": cfg}}))
+    monkeypatch.setenv(tc.TUNED_DIR_ENV, str(tmp_path))
+    tc.load_tuned.cache_clear()
+    try:
+        with pytest.raises(ValueError) as err:
+            tc.get_config(64, 128, 8, 2048, 768, True, "NVIDIA H200")
+    finally:
+        tc.load_tuned.cache_clear()
+    assert str(err.value).startswith(f"{tmp_path / name}: not a tuned config file")
+    assert want in str(err.value)

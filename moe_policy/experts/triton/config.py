@@ -50,6 +50,35 @@ class GemmConfig:
     one_dot: bool = False  # gated GEMM 1: gate and up as one 2*block_n wide dot
     tma: bool = False  # weight tiles (and GEMM 2's activation tiles) through TMA, Hopper+
 
+    def __post_init__(self) -> None:
+        # a tuned file is user input: a value Triton would reject, or fail on, deep inside a
+        # launch is refused here, when the file is read
+        for name in ("block_n", "block_k"):
+            _require(name, getattr(self, name), _is_pow2(getattr(self, name), 16, 512),
+                     "a power of two from 16 to 512")  # fmt: skip
+        _require("group_m", self.group_m, _is_int(self.group_m) and self.group_m >= 1,
+                 "an integer >= 1")  # fmt: skip
+        _require("num_warps", self.num_warps, _is_pow2(self.num_warps, 1, 16),
+                 "1, 2, 4, 8 or 16")  # fmt: skip
+        _require("num_stages", self.num_stages,
+                 _is_int(self.num_stages) and 1 <= self.num_stages <= 8, "an integer from 1 to 8")  # fmt: skip
+        for name in ("one_dot", "tma"):
+            _require(name, getattr(self, name), isinstance(getattr(self, name), bool),
+                     "true or false")  # fmt: skip
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_pow2(v: Any, lo: int, hi: int) -> bool:
+    return _is_int(v) and lo <= v <= hi and v & (v - 1) == 0
+
+
+def _require(name: str, value: Any, ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -85,6 +114,8 @@ class MoEConfig:
     persistent: bool = False
 
     def __post_init__(self) -> None:
+        _require("block_m", self.block_m, _is_pow2(self.block_m, 16, 256),
+                 "a power of two from 16 to 256")  # fmt: skip
         if self.persistent and self.tail_m:
             raise ValueError(
                 f"persistent GEMMs run no tail tiles: set tail_m to 0 (got {self.tail_m})"
