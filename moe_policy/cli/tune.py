@@ -59,8 +59,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a Hugging Face config.json, model directory or bundled model name")  # fmt: skip
     p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel ranks")
     p.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel ranks")
-    p.add_argument("--tokens", nargs="+", type=_positive_int, default=[1, 16, 64, 256, 1024, 4096],
-                   help="token counts to tune (default: 1 16 64 256 1024 4096)")  # fmt: skip
+    from moe_policy.experts.triton.tuning.search import TUNE_TOKENS  # no torch, no Triton
+
+    p.add_argument("--tokens", nargs="+", type=_positive_int, default=list(TUNE_TOKENS),
+                   help=f"token counts to tune (default: {' '.join(map(str, TUNE_TOKENS))})")  # fmt: skip
     p.add_argument("--lora", action="store_true",
                    help="time every candidate with LoRA too (rank 16, 4 adapters); the winner "
                         "is the fastest base + LoRA layer")  # fmt: skip
