@@ -142,7 +142,7 @@ VARIABLE_NOTES = {
     "MOE_POLICY_FILES": "policy files, os.pathsep-separated (--policy replaces them)",
     "MOE_POLICY_ENGINE": "the engine the decision is for (as --engine)",
     "MOE_POLICY_AUDIT_DIR": "the directory of the audit profile's audit.path",
-    "MOE_POLICY_TUNED_CONFIG_DIR": "tuned Triton tile files (tools.tune), before the shipped ones",
+    "MOE_POLICY_TUNED_CONFIG_DIR": "tuned Triton tile files (moe-policy tune), before the shipped ones",
 }
 TERMINAL_VARIABLES = (
     ("NO_COLOR", "any value: no colour (--color wins)"),

@@ -331,7 +331,7 @@ def config_file_name(num_experts: int, inter: int, device_name: str) -> str:
     return f"E={num_experts},N={inter},device_name={normalize_device_name(device_name)}.json"
 
 
-#: Environment variable naming a directory of tuned files (``python -m tools.tune`` writes
+#: Environment variable naming a directory of tuned files (``moe-policy tune`` writes
 #: them there); its files win over the shipped ones, which stay the fallback.
 TUNED_DIR_ENV = "MOE_POLICY_TUNED_CONFIG_DIR"
 
