@@ -21,13 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moe_policy.errors import MoEPolicyError
+from moe_policy.experts.triton.config import TUNED_DIR_ENV  # no torch, no Triton
 
 if TYPE_CHECKING:
     from moe_policy.experts.triton.tuning.shapes import MoEShape
-
-#: The tuned-file directory's environment variable (``config.TUNED_DIR_ENV``; not imported
-#: from there, so that ``moe-policy --help`` stays light).
-TUNED_DIR_ENV = "MOE_POLICY_TUNED_CONFIG_DIR"
 
 
 class TuneError(MoEPolicyError):
