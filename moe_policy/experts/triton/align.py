@@ -109,7 +109,7 @@ HISTOGRAM_ENTRIES = 24 * 1024
 MAX_SORT_KEYS = 4096
 #: Most pairs per expert, on average, for which the counting kernel adds one atomic per pair
 #: rather than a histogram of its chunk: a histogram's work grows with pairs times bins
-#: (Qwen3-Next-80B, 1,024 bins, T=256: alignment 16.4 -> 9.3 us), atomics queue on a busy
+#: (Qwen3-Next-80B, 1,024 bins, T=256: alignment 12.6 -> 9.3 us), atomics queue on a busy
 #: expert's counter (Qwen3-30B-A3B at 256 pairs an expert: 10.1 -> 15.7 us).
 PAIR_ATOMICS_MAX_PER_EXPERT = 32
 #: Most bins (experts + 1, to a power of two) of a stable alignment (its ranks come from a
