@@ -52,7 +52,7 @@ class GemmConfig:
 
     def __post_init__(self) -> None:
         # a tuned file is user input: a value Triton would reject, or fail on, deep inside a
-        # launch is refused here, when the file is read
+        # launch is refused here, when the file is read (``MoEConfig.from_dict``)
         for name in ("block_n", "block_k"):
             _require(name, getattr(self, name), _is_pow2(getattr(self, name), 16, 512),
                      "a power of two from 16 to 512")  # fmt: skip
@@ -116,6 +116,11 @@ class MoEConfig:
     def __post_init__(self) -> None:
         _require("block_m", self.block_m, _is_pow2(self.block_m, 16, 256),
                  "a power of two from 16 to 256")  # fmt: skip
+        for name in ("pdl", "persistent"):
+            _require(name, getattr(self, name), isinstance(getattr(self, name), bool),
+                     "true or false")  # fmt: skip
+        _require("trigger", self.trigger, self.trigger is None or isinstance(self.trigger, bool),
+                 "true or false")  # fmt: skip
         if self.persistent and self.tail_m:
             raise ValueError(
                 f"persistent GEMMs run no tail tiles: set tail_m to 0 (got {self.tail_m})"
@@ -152,18 +157,11 @@ class MoEConfig:
             trigger = d.get("trigger")
             return cls(
                 int(d["block_m"]), GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]),
-                tail_m=int(d.get("tail_m", 0)), pdl=_flag("pdl", d.get("pdl", False)),
-                trigger=None if trigger is None else _flag("trigger", trigger),
-                persistent=_flag("persistent", d.get("persistent", False)),
+                tail_m=int(d.get("tail_m", 0)), pdl=d.get("pdl", False), trigger=trigger,
+                persistent=d.get("persistent", False),
             )  # fmt: skip
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"bad MoE config {d!r}: {exc}") from exc
-
-
-def _flag(name: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise TypeError(f"{name} must be true or false, got {v!r}")
-    return v
 
 
 def _pow2_at_most(x: int, cap: int, floor: int = 16) -> int:
