@@ -54,7 +54,8 @@ from moe_policy.experts.triton.config import (
     is_decode_batch,
     smem_bytes,
 )
-from tools.layer import call, compile_configs, layer, layer_lora
+from moe_policy.experts.triton.tuning.inputs import call_layer
+from tools.layer import compile_configs, layer, layer_lora
 from tools.tune_triton import write_config_file
 
 
@@ -308,16 +309,16 @@ def main() -> None:
         calls, group = {}, []
         for mode in modes:
             mode_loras = loras if mode else [None] * len(sets)
-            ref = call(backend, vs["shipped"], *sets[0], lora=mode_loras[0]).float()
+            ref = call_layer(backend, vs["shipped"], *sets[0], lora=mode_loras[0]).float()
             for name, cfg in vs.items():
                 label = _label(name, mode and args.with_lora)
                 row: dict[str, Any] = {"shape": s, "T": t, "variant": name,
                                        "config": cfg.to_dict(), "lora": mode}  # fmt: skip
                 try:
-                    got = call(backend, cfg, *sets[0], lora=mode_loras[0]).float()
+                    got = call_layer(backend, cfg, *sets[0], lora=mode_loras[0]).float()
                     row["rel_diff"] = float((got - ref).norm() / ref.norm())
                     calls[label] = [
-                        lambda b=backend, c=cfg, x=x, tw=tw, ti=ti, lo=lo: call(
+                        lambda b=backend, c=cfg, x=x, tw=tw, ti=ti, lo=lo: call_layer(
                             b, c, x, tw, ti, lora=lo
                         )
                         for (x, tw, ti), lo in zip(sets, mode_loras, strict=True)

@@ -15,9 +15,7 @@ from benchmarks.common import (
     shape_weights,
 )
 from moe_policy.experts.triton.config import MoEConfig
-from moe_policy.experts.triton.tuning.inputs import call_layer as call
-
-__all__ = ["call", "compile_configs", "layer", "layer_lora"]
+from moe_policy.experts.triton.tuning.inputs import call_layer
 
 _STATE: dict[str, Any] = {}
 
@@ -57,7 +55,7 @@ def compile_configs(task: tuple[str, int, list[dict[str, Any]], bool]) -> int:
     bad = 0
     for d in cfgs:
         try:
-            call(backend, MoEConfig.from_dict(d), x, tw, ti, lora=ctx)
+            call_layer(backend, MoEConfig.from_dict(d), x, tw, ti, lora=ctx)
         except Exception:
             bad += 1
     torch.cuda.synchronize()

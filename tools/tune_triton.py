@@ -36,7 +36,8 @@ from moe_policy.experts.triton.config import (
     fit_stages,
     heuristic_config,
 )
-from tools.layer import call, compile_configs, layer
+from moe_policy.experts.triton.tuning.inputs import call_layer
+from tools.layer import compile_configs, layer
 
 #: (block_n, block_k, num_warps, num_stages) candidates by BLOCK_M; gated GEMM-1 block_n
 #: counts activation columns (the MMA is twice as wide), so its list is halved.
@@ -118,9 +119,9 @@ def time_config(shape: MoEShape, t: int, cfg: MoEConfig, sets: list) -> dict[str
     backend = layer(shape)
     g1, g2, rest = [], [], []
     try:
-        call(backend, cfg, *sets[0])
+        call_layer(backend, cfg, *sets[0])
         for x, tw, ti in sets:
-            ks = kernel_times(lambda x=x, tw=tw, ti=ti: call(backend, cfg, x, tw, ti))
+            ks = kernel_times(lambda x=x, tw=tw, ti=ti: call_layer(backend, cfg, x, tw, ti))
             gemms = [us for n, us in ks if "moe_gemm" in n]
             g1.append(gemms[0])
             g2.append(gemms[1])

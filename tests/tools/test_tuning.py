@@ -208,7 +208,7 @@ def test_compare_main_with_lora_times_both_layers_and_writes_the_winner(tmp_path
         compare_configs, "routing_sets", lambda shape, t, n: [(None, None, None)] * n
     )
     monkeypatch.setattr(compare_configs, "layer_lora", lambda shape, t, n: ["ctx"] * n)
-    monkeypatch.setattr(compare_configs, "call",
+    monkeypatch.setattr(compare_configs, "call_layer",
                         lambda b, c, x, tw, ti, lora=None: torch.ones(4))  # fmt: skip
     monkeypatch.setattr(compare_configs, "time_graphs_interleaved", fake_time)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
