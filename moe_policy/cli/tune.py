@@ -75,9 +75,14 @@ def shape_from_model(spec: str) -> MoEShape:
     a bundled model's name), named after the file; PolicyError naming the file and key when
     the config has no MoE facts."""
     from moe_policy.core.model import load_model
+
+    return _shape_of(load_model(spec))
+
+
+def _shape_of(facts: Any) -> MoEShape:
+    """The routed-expert layer of loaded model facts."""
     from moe_policy.experts.triton.tuning.shapes import MoEShape
 
-    facts = load_model(spec)
     path = Path(facts.path)
     name = path.parent.name if path.name == "config.json" else path.stem
     return MoEShape(name, int(facts.value("model.num_experts")),
@@ -95,8 +100,8 @@ def model_shape(spec: str, tp: int, ep: int) -> tuple[MoEShape, str]:
     from moe_policy.experts.triton.tuning.shapes import KERNEL_ACTIVATIONS
 
     try:
-        shape = shape_from_model(spec)
-        quant = str(load_model(spec).value("model.quantization"))
+        facts = load_model(spec)
+        shape, quant = _shape_of(facts), str(facts.value("model.quantization"))
     except OSError as exc:
         raise TuneError(f"cli:--model: {spec}: {exc.strerror or exc}") from None
     need = KERNEL_ACTIVATIONS.get(shape.activation, "missing")
