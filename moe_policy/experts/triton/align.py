@@ -301,7 +301,7 @@ def align_fused_kernel(
     NUM_BINS: tl.constexpr,  # power of two > num_experts; the last bins take dropped pairs
     CHUNK: tl.constexpr,  # power of two >= numel
     BLOCK_CHUNK: tl.constexpr,
-    SENT_COLS: tl.constexpr,  # sentinel_cols(NUM_BINS)
+    SENT_COLS: tl.constexpr,  # FUSED_SENTINEL_COLS
     STABLE: tl.constexpr = False,  # pairs keep their order inside an expert (SUB == 1)
 ):
     """Whole alignment in one program (numel <= CHUNK).
