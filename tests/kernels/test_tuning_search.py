@@ -6,6 +6,7 @@ reports made-up times)."""
 from __future__ import annotations
 
 import multiprocessing
+from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -88,3 +89,25 @@ def test_tune_with_lora_times_each_candidate_with_and_without_it(cpu_tuner):
     assert len(names) == 2 * row["candidates"] and "0+lora" in names
     assert row["config"] == cands[2].to_dict()
     assert (row["heuristic_lora_us"], row["tuned_lora_us"]) == (100.0, 90.0)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_compile_task_launches_every_candidate_and_counts_failures(monkeypatch, lora):
+    """The compile worker launches each candidate on a few experts with the real expert
+    count's plan, with LoRA too when the task asks, and counts the configs that fail."""
+    from moe_policy.experts.triton import fused_moe
+
+    launched: list[tuple[int, bool]] = []
+    real = fused_moe.launch_plan
+
+    def spy(plan: Any, *args: Any) -> Any:
+        launched.append((plan.problem.num_experts, args[-1] is not None))
+        return real(plan, *args)
+
+    monkeypatch.setattr(fused_moe, "launch_plan", spy)
+    cands = [c.to_dict() for c in search.candidates(SHAPE, 16)[:2]]
+    broken = dict(cands[0], block_m=24)  # not a power of two: rejected before any launch
+    task = (asdict(SHAPE), 16, [*cands, broken], lora)
+    assert search.compile_task(task, device="cpu", dtype=torch.float16) == 1
+    runs = [(SHAPE.num_experts, False)] + ([(SHAPE.num_experts, True)] if lora else [])
+    assert launched == runs * len(cands)

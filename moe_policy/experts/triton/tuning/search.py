@@ -88,36 +88,50 @@ def candidates(shape: MoEShape, t: int, num_sms: int = 132) -> list[MoEConfig]:
     return seen
 
 
-def compile_task(task: tuple[dict[str, Any], int, list[dict[str, Any]], bool]) -> int:
-    """Worker: launch each config once on a few experts, so that Triton's on-disk cache holds
-    its kernels (plans are made for the real expert count: the same kernels); failures."""
+def compile_task(
+    task: tuple[dict[str, Any], int, list[dict[str, Any]], bool],
+    device: str = "cuda",
+    dtype: Any = None,
+) -> int:
+    """Worker: launch each config once on a few experts (and with LoRA when the task asks),
+    so that Triton's on-disk cache holds its kernels (plans are made for the real expert
+    count: the same kernels); returns how many failed to launch."""
     import torch
 
-    from moe_policy.experts.testing import make_routing, make_x
     from moe_policy.experts.triton.device import device_limits
     from moe_policy.experts.triton.fused_moe import launch_plan
     from moe_policy.experts.triton.launch import MoEProblem, plan_launch
+    from moe_policy.experts.triton.tuning.inputs import (
+        LORA_RANK,
+        LORA_SLOTS,
+        lora_contexts,
+        routing_sets,
+        shape_adapters,
+        shape_weights,
+    )
 
-    sd, t, cfgs, _ = task
+    sd, t, cfgs, lora = task
     s = MoEShape(**sd)
-    dev = torch.device("cuda")
-    e = min(s.num_experts, max(2, s.top_k))
-    w13 = torch.randn(e, s.n1, s.hidden, device=dev, dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(e, s.hidden, s.inter, device=dev, dtype=torch.bfloat16) * 0.02
-    b13 = torch.zeros(e, s.n1, device=dev, dtype=torch.bfloat16) if s.has_bias else None
-    b2 = torch.zeros(e, s.hidden, device=dev, dtype=torch.bfloat16) if s.has_bias else None
-    x = make_x(t, s.hidden, torch.bfloat16, dev)
-    tw, ti = make_routing(t, e, s.top_k, dev)
-    prob = MoEProblem(t, s.top_k, s.num_experts, s.hidden, s.inter, s.gated, s.activation, 2,
-                      False, s.has_bias)  # fmt: skip
+    few = replace(s, num_experts=min(s.num_experts, max(2, s.top_k)))
+    w = shape_weights(few, device, dtype=dtype)
+    [(x, tw, ti)] = routing_sets(few, t, 1, device, dtype=dtype)
+    prob = MoEProblem(t, s.top_k, s.num_experts, s.hidden, s.inter, s.gated, s.activation,
+                      x.element_size(), False, s.has_bias)  # fmt: skip
+    runs: list[tuple[MoEProblem, Any]] = [(prob, None)]
+    if lora:
+        [ctx] = lora_contexts(shape_adapters(few, device, dtype=dtype), t, 1, device)
+        runs.append((replace(prob, lora_slots=LORA_SLOTS, lora_rank=LORA_RANK), ctx))
+    limits = device_limits(torch.device(device))
     bad = 0
     for c in cfgs:
         try:
-            launch_plan(plan_launch(prob, device_limits(dev), MoEConfig.from_dict(c)),
-                        x, w13, w2, tw, ti, b13, b2)  # fmt: skip
+            for p, ctx in runs:
+                launch_plan(plan_launch(p, limits, MoEConfig.from_dict(c)), x, w["w13"],
+                            w["w2"], tw, ti, w["w13_bias"], w["w2_bias"], ctx)  # fmt: skip
         except Exception:
             bad += 1
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     return bad
 
 
