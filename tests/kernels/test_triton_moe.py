@@ -1305,6 +1305,10 @@ def test_user_tuned_dir_wins_over_shipped_files(tmp_path, monkeypatch):
     ("where", "value", "want"),
     [
         ("block_m", 3, "block_m must be a power of two from 16 to 256, got 3"),
+        ("block_m", 32.5, "block_m must be a power of two from 16 to 256, got 32.5"),
+        ("block_m", "32", "block_m must be a power of two from 16 to 256, got '32'"),
+        ("tail_m", 16.0, "tail_m must be 0 or a power of two in [16, block_m/2=16], got 16.0"),
+        ("tail_m", 8, "tail_m must be 0 or a power of two in [16, block_m/2=16], got 8"),
         ("block_n", 24, "block_n must be a power of two from 16 to 512, got 24"),
         ("block_k", "64", "block_k must be a power of two from 16 to 512, got '64'"),
         ("num_warps", 3, "num_warps must be 1, 2, 4, 8 or 16, got 3"),
@@ -1320,7 +1324,7 @@ def test_a_tuned_file_with_values_no_kernel_takes_is_refused_when_read(tmp_path,
     import json
 
     cfg = tc.MoEConfig(32, tc.GemmConfig(32, 64), tc.GemmConfig(64, 64)).to_dict()
-    (cfg if where == "block_m" else cfg["gemm2"])[where] = value
+    (cfg if where in ("block_m", "tail_m") else cfg["gemm2"])[where] = value
     name = tc.config_file_name(128, 768, "NVIDIA H200")
     (tmp_path / name).write_text(json.dumps({"configs": {"64": cfg}}))
     monkeypatch.setenv(tc.TUNED_DIR_ENV, str(tmp_path))

@@ -126,10 +126,10 @@ class MoEConfig:
                 f"persistent GEMMs run no tail tiles: set tail_m to 0 (got {self.tail_m})"
             )
         t = self.tail_m
-        if t and (t < 16 or t & (t - 1) or 2 * t > self.block_m):
+        if not _is_int(t) or t and (t < 16 or t & (t - 1) or 2 * t > self.block_m):
             raise ValueError(
                 f"tail_m must be 0 or a power of two in [16, block_m/2={self.block_m // 2}], "
-                f"got {t}"
+                f"got {t!r}"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,8 +156,8 @@ class MoEConfig:
         try:
             trigger = d.get("trigger")
             return cls(
-                int(d["block_m"]), GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]),
-                tail_m=int(d.get("tail_m", 0)), pdl=d.get("pdl", False), trigger=trigger,
+                d["block_m"], GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]),
+                tail_m=d.get("tail_m", 0), pdl=d.get("pdl", False), trigger=trigger,
                 persistent=d.get("persistent", False),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
