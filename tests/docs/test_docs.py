@@ -7,11 +7,14 @@
 * every ``moe-policy`` command quoted in a console or bash block of README.md or docs/ runs
   with the installed console script and exits as the doc says (``# exit N`` after the
   command, else 0), and a console block's quoted output is in what it prints;
-* every policy example (a yaml block with ``version: 1``) lints clean.
+* every policy example (a yaml block with ``version: 1``) lints clean;
+* docs/cli.md quotes every command, names each command's options in its ``## COMMAND``
+  section, and names no option that no command has.
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import re
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from moe_policy.cli.parser import Parser
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -335,3 +340,64 @@ def test_policy_examples_lint_clean(where: str, text: str, tmp_path: Path) -> No
         check=False,
     )
     assert result.returncode == 0, f"{where}: the example does not lint clean\n{result.stdout}"
+
+
+# -- the CLI reference ----------------------------------------------------------------------
+
+CLI_DOC = ROOT / "docs" / "cli.md"
+#: An option inside inline code (not the ``--flag`` of ``cli:--flag`` or a file name's dash).
+OPTION = re.compile(r"(?<![\w:/.*-])-{1,2}[A-Za-z][\w-]*")
+#: Options every command has, documented once for all ("On a terminal").
+COMMON_OPTIONS = {"-h", "--help", "--color"}
+
+
+def cli_parser() -> Parser:
+    """The CLI's own parser, every command included."""
+    from moe_policy.cli.app import build_parser, command_modules
+
+    return build_parser(command_modules())
+
+
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {opt for action in parser._actions for opt in action.option_strings}
+
+
+def cli_sections() -> dict[str, list[str]]:
+    """The prose lines of docs/cli.md under each ``## NAME`` heading ("" before the first)."""
+    sections: dict[str, list[str]] = {"": []}
+    name = ""
+    for _, line in prose_lines(CLI_DOC):
+        heading = re.match(r"^## (\S+)", line)
+        if heading:
+            name = heading.group(1)
+        sections.setdefault(name, []).append(line)
+    return sections
+
+
+def documented_options(lines: list[str]) -> set[str]:
+    return {
+        opt for line in lines for code in INLINE_CODE.findall(line) for opt in OPTION.findall(code)
+    }
+
+
+def test_cli_doc_lists_every_command() -> None:
+    text = CLI_DOC.read_text()
+    missing = [name for name in cli_parser().commands if f"`moe-policy {name}" not in text]
+    assert not missing, f"docs/cli.md does not quote `moe-policy COMMAND` for {missing}"
+
+
+def test_cli_doc_names_every_option() -> None:
+    sections = cli_sections()
+    missing = [
+        f"{name}: {sorted(options(sub) - COMMON_OPTIONS - documented_options(sections.get(name, [])))}"
+        for name, sub in cli_parser().commands.items()
+        if options(sub) - COMMON_OPTIONS - documented_options(sections.get(name, []))
+    ]
+    assert not missing, "options not named in their docs/cli.md section:\n" + "\n".join(missing)
+
+
+def test_cli_doc_names_no_unknown_option() -> None:
+    parser = cli_parser()
+    known = options(parser).union(*(options(sub) for sub in parser.commands.values()))
+    named = documented_options([line for lines in cli_sections().values() for line in lines])
+    assert named <= known, f"docs/cli.md names options no command has: {sorted(named - known)}"
