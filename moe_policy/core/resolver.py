@@ -108,8 +108,6 @@ class Resolver:
             spec = self.catalog.spec(backend)
             experts_class = selected.experts_class if selected else None
             experts_class = experts_class or spec.experts_class
-            if ctx.get("lora.enabled") and spec.lora == "conditional" and spec.lora_experts_class:
-                experts_class = spec.lora_experts_class
         return Decision(
             fingerprint=fingerprint,
             backend=backend,

@@ -3,10 +3,13 @@
 The activation format still holds (feasibility already removed the other format),
 so LoRA plus a batched format leaves a batched backend with LoRA, never a standard
 one. A backend with conditional LoRA support (FlashInfer TRT-LLM's LoRA class)
-stays only where all of its catalog conditions hold. Version-added: 0.1.0.
+stays only where all of its catalog conditions hold, and then names that class. Version-added:
+0.1.0.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import ReasonCode
@@ -61,5 +64,7 @@ class LoRAPass:
                             ReasonCode.LORA_UNSUPPORTED,
                             f"LoRA class {spec.lora_experts_class} needs " + "; ".join(failing),
                         )
+                    elif spec.lora_experts_class:
+                        cand = replace(cand, experts_class=spec.lora_experts_class)
             out.append(cand)
         return tuple(out), ()
