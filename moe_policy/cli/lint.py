@@ -50,7 +50,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--engine",
         default=None,
         metavar="NAME[==VERSION]",
-        help="check against this engine's backends: moe_policy (default) or vllm",
+        help="check against this engine's backends: moe_policy (default), vllm, vllm==0.33 or a "
+        "vLLM quantized oracle (vllm/fp8, vllm/mxfp4, ...)",
     )
     return parser
 

@@ -42,3 +42,11 @@ def test_the_schema_has_the_loaders_keys():
 def test_typos_fail_the_schema(bad):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, SCHEMA)
+
+
+def test_the_bundled_matrix_plans_every_shipped_model():
+    """Each model in configs/models/ is in the bundled matrix, with and without LoRA."""
+    shipped = {p.stem for p in (REPO / "configs/models").glob("*.json")}
+    deployments = yaml.safe_load((REPO / "configs/matrices/default.yaml").read_text())["deployments"]
+    for lora in (False, True):
+        assert {d["model"] for d in deployments if d.get("lora", False) is lora} == shipped
