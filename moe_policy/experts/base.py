@@ -95,6 +95,15 @@ def check_common_layout(
             raise ValueError(f"expected {name} {shape}, got {tuple(bias.shape)}")
 
 
+def check_devices(x: torch.Tensor, **tensors: torch.Tensor | None) -> None:
+    """ValueError naming each of ``tensors`` (None skipped) that is not on ``x``'s device."""
+    off = [
+        f"{n} on {t.device}" for n, t in tensors.items() if t is not None and t.device != x.device
+    ]
+    if off:
+        raise ValueError(f"all tensors must be on x's device {x.device}; got {', '.join(off)}")
+
+
 def contiguous_layout(
     w13: torch.Tensor,
     w2: torch.Tensor,

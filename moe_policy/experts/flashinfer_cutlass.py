@@ -38,6 +38,7 @@ from moe_policy.experts.base import (
     ExpertsConfig,
     FusedMoEExperts,
     check_common_layout,
+    check_devices,
 )
 from moe_policy.experts.lora import MoELoRAContext
 
@@ -184,8 +185,15 @@ class FlashInferCutlassExperts(FusedMoEExperts):
                 f"topk_ids and topk_weights must be [T={x.shape[0]}, k={c.top_k}]; got "
                 f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}"
             )
+        if topk_ids.is_floating_point() or topk_ids.dtype == torch.bool:
+            raise ValueError(f"topk_ids must be int; got {topk_ids.dtype}")
+        if not topk_weights.is_floating_point():
+            raise ValueError(f"topk_weights must be float; got {topk_weights.dtype}")
         if wt["fc1"].dtype != x.dtype:
             raise ValueError(f"weights are {wt['fc1'].dtype}, x is {x.dtype}")
+        check_devices(x, topk_weights=topk_weights, topk_ids=topk_ids, w13=wt["fc1"], w2=wt["fc2"])
+        if x.shape[0] == 0:  # CUTLASS rejects the null data pointer of an empty input
+            return torch.empty_like(x)
         from flashinfer.fused_moe import cutlass_fused_moe  # lazy: heavy import
 
         scales = topk_weights.to(torch.float32)

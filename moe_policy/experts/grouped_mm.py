@@ -47,11 +47,12 @@ from moe_policy.experts.base import (
     FusedMoEExperts,
 )
 from moe_policy.experts.lora import MoELoRAContext
-from moe_policy.experts.reference import apply_activation
+from moe_policy.experts.reference import apply_activation, check_inputs
 
 #: Row alignment (elements) of every grouped_mm operand's last dimension on CUDA (16 B bf16).
 ALIGN = 8
 MIN_CAPABILITY = (9, 0)
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _BF16_NAMES = frozenset({"bfloat16", "bf16", "torch.bfloat16"})
 
 
@@ -92,18 +93,18 @@ def grouped_mm_fused_moe(
     gmm = grouped_mm_fn()
     if gmm is None:
         raise RuntimeError(f"torch {torch.__version__} has no grouped_mm")
-    t_count, hidden = x.shape
-    e_count, _n1, _ = w13.shape
-    inter = w2.shape[2]
-    if (
-        w13.shape[2] != hidden
-        or w2.shape[:2] != (e_count, hidden)
-        or topk_ids.shape != topk_weights.shape
-    ):
+    check_inputs(x, w13, w2, topk_weights, topk_ids, gated=gated, w13_bias=w13_bias,
+                 w2_bias=w2_bias, lora=lora)  # fmt: skip
+    ad = lora.adapters if lora is not None else None
+    mats = [w13, w2] + ([ad.w13_a, ad.w13_b, ad.w2_a, ad.w2_b] if ad is not None else [])
+    if x.dtype not in _DTYPES or any(m.dtype != x.dtype for m in mats):
         raise ValueError(
-            f"shape mismatch: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}, "
-            f"topk_ids {tuple(topk_ids.shape)}, topk_weights {tuple(topk_weights.shape)}"
+            f"x, w13, w2 and the LoRA weights must share one of {_DTYPES} (grouped_mm "
+            f"operands); got x {x.dtype}, weights {[m.dtype for m in mats]}"
         )
+    t_count, hidden = x.shape
+    e_count = w13.shape[0]
+    inter = w2.shape[2]
     top_k = topk_ids.shape[1]
     dtype = x.dtype
 

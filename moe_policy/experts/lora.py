@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_policy.experts.base import check_devices
+
 
 @dataclass
 class MoELoRAAdapters:
@@ -99,15 +101,28 @@ class MoELoRAAdapters:
     ) -> None:
         """Load one adapter into ``slot``: per slice ``A [E, r, H]``, ``B [E, I, r]``;
         ``w2_a [E, r, I]``, ``w2_b [E, H, r]``; ``scaling`` is folded into B."""
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"slot {slot} out of range 0..{self.num_slots - 1}")
+        self._check_slot(slot)
         if len(w13_a) != self.num_slices or len(w13_b) != self.num_slices:
             raise ValueError(
                 f"expected {self.num_slices} w13 slices, got {len(w13_a)} A and {len(w13_b)} B"
             )
+        if w2_a.dim() != 3:
+            raise ValueError(f"adapter w2_a must be [E, r, I], got {tuple(w2_a.shape)}")
         rank = int(w2_a.shape[1])
         if rank > self.max_rank:
             raise ValueError(f"adapter rank {rank} exceeds max_rank {self.max_rank}")
+        # copy_ would broadcast an [r, H] or [1, r, H] tensor over every expert: shapes exactly
+        _, _, e, _, h = self.w13_a.shape
+        i = self.w13_b.shape[3]
+        want = {"w13_a": (e, rank, h), "w13_b": (e, i, rank), "w2_a": (e, rank, i),
+                "w2_b": (e, h, rank)}  # fmt: skip
+        for name, ts in (("w13_a", w13_a), ("w13_b", w13_b), ("w2_a", [w2_a]), ("w2_b", [w2_b])):
+            for t in ts:
+                if tuple(t.shape) != want[name]:
+                    raise ValueError(
+                        f"adapter {name} must be {want[name]} (E={e}, H={h}, I={i}, rank "
+                        f"{rank} as w2_a's); got {tuple(t.shape)}"
+                    )
         self.clear(slot)
         for s in range(self.num_slices):
             a, b = w13_a[s], w13_b[s]
@@ -119,11 +134,16 @@ class MoELoRAAdapters:
 
     def clear(self, slot: int) -> None:
         """Zero a slot and mark it disabled."""
+        self._check_slot(slot)
         self.w13_a[:, slot].zero_()
         self.w13_b[:, slot].zero_()
         self.w2_a[slot].zero_()
         self.w2_b[slot].zero_()
         self.enabled[slot] = 0
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots:  # a negative slot would index from the end
+            raise ValueError(f"slot {slot} out of range 0..{self.num_slots - 1}")
 
 
 @dataclass
@@ -136,3 +156,38 @@ class MoELoRAContext:
 
     adapters: MoELoRAAdapters
     token_lora_mapping: torch.Tensor
+
+
+def check_lora(
+    lora: MoELoRAContext, x: torch.Tensor, num_experts: int, inter: int, gated: bool
+) -> None:
+    """ValueError naming what arrived when ``lora`` does not fit a standard-format layer on
+    ``x`` [T, H] (``E`` experts, intermediate ``I``; two w13 slices when gated) or its tensors
+    are not on ``x``'s device."""
+    ad = lora.adapters
+    s = 2 if gated else 1
+    shapes = (
+        tuple(ad.w13_a.shape),
+        tuple(ad.w13_b.shape),
+        tuple(ad.w2_a.shape),
+        tuple(ad.w2_b.shape),
+    )
+    if ad.w13_a.dim() != 5:
+        raise ValueError(f"LoRA w13_a must be [S, L, E, R, H], got {shapes[0]}")
+    _, slots, _, r, _ = ad.w13_a.shape
+    (t, h), e, i = x.shape, num_experts, inter
+    want = ((s, slots, e, r, h), (s, slots, e, i, r), (slots, e, r, i), (slots, e, h, r))
+    if shapes != want:
+        raise ValueError(
+            f"LoRA shapes (w13_a, w13_b, w2_a, w2_b) {shapes} do not match the layer; "
+            f"expected {want} (S={s}, L={slots}, E={e}, R={r}, H={h}, I={i})"
+        )
+    m, en = lora.token_lora_mapping, ad.enabled
+    if tuple(m.shape) != (t,) or m.is_floating_point() or m.dtype == torch.bool:
+        raise ValueError(
+            f"token_lora_mapping must be int [T={t}], got shape {tuple(m.shape)} dtype {m.dtype}"
+        )
+    if tuple(en.shape) != (slots,):
+        raise ValueError(f"enabled must be [L={slots}], got shape {tuple(en.shape)}")
+    names = ("w13_a", "w13_b", "w2_a", "w2_b", "enabled")
+    check_devices(x, token_lora_mapping=m, **{f"LoRA {n}": getattr(ad, n) for n in names})

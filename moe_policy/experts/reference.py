@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts
-from moe_policy.experts.lora import MoELoRAContext
+from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts, check_devices
+from moe_policy.experts.lora import MoELoRAContext, check_lora
 
 
 def apply_activation(
@@ -72,6 +72,50 @@ def _w13_lora_delta(
     return torch.cat(slices, dim=1)
 
 
+def check_inputs(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    gated: bool,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    lora: MoELoRAContext | None = None,
+) -> None:
+    """ValueError naming what arrived unless the tensors are one layer's standard-format
+    inputs: float ``x`` [T, H], ``w13`` [E, N1, H] (N1 = 2I gated, I otherwise), ``w2``
+    [E, H, I], float ``topk_weights`` and int ``topk_ids`` [T, k], biases [E, N1] and [E, H],
+    a LoRA context of the layer, all on x's device (any float dtypes)."""
+    got = (
+        f"x {tuple(x.shape)} {x.dtype}, w13 {tuple(w13.shape)} {w13.dtype}, "
+        f"w2 {tuple(w2.shape)} {w2.dtype}, topk_weights {tuple(topk_weights.shape)} "
+        f"{topk_weights.dtype}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}"
+    )
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3 or topk_ids.dim() != 2:
+        raise ValueError(
+            f"expected x [T, H], w13 [E, N1, H], w2 [E, H, I], topk_ids [T, k]; got {got}"
+        )
+    (t, h), (e, n1, _), i = x.shape, w13.shape, w2.shape[2]
+    if tuple(w13.shape) != (e, 2 * i if gated else i, h) or tuple(w2.shape[:2]) != (e, h):
+        want = f"w13 [{e}, {2 * i if gated else i}, {h}], w2 [{e}, {h}, I]"
+        raise ValueError(f"shape mismatch (gated={gated}): expected {want}; got {got}")
+    if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != t:
+        raise ValueError(f"topk_ids and topk_weights must both be [T={t}, k]; got {got}")
+    if not all(a.is_floating_point() for a in (x, w13, w2, topk_weights)) or (
+        topk_ids.is_floating_point() or topk_ids.dtype == torch.bool
+    ):
+        raise ValueError(f"x, w13, w2, topk_weights must be float and topk_ids int; got {got}")
+    for name, bias, shape in (("w13_bias", w13_bias, (e, n1)), ("w2_bias", w2_bias, (e, h))):
+        if bias is not None and tuple(bias.shape) != shape:
+            raise ValueError(f"expected {name} {shape}, got {tuple(bias.shape)}")
+    check_devices(x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
+                  w13_bias=w13_bias, w2_bias=w2_bias)  # fmt: skip
+    if lora is not None:
+        check_lora(lora, x, e, i, gated)
+
+
 def fused_moe_reference(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -89,17 +133,10 @@ def fused_moe_reference(
     swiglu_limit: float = 7.0,
 ) -> torch.Tensor:
     """Reference MoE forward: ``x`` [T, H] -> [T, H] in ``x.dtype`` (fp32 accumulation)."""
+    check_inputs(x, w13, w2, topk_weights, topk_ids, gated=gated, w13_bias=w13_bias,
+                 w2_bias=w2_bias, lora=lora)  # fmt: skip
     t_count, hidden = x.shape
-    num_experts, n1, h_w = w13.shape
-    if h_w != hidden or w2.shape[0] != num_experts or w2.shape[1] != hidden:
-        raise ValueError(
-            f"shape mismatch: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
-        )
-    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != t_count:
-        raise ValueError(
-            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
-            f"must both be [T={t_count}, k]"
-        )
+    num_experts, n1, _ = w13.shape
     interleaved = activation == "swigluoai"
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xf = x.to(acc)

@@ -47,6 +47,8 @@ def test_typos_fail_the_schema(bad):
 def test_the_bundled_matrix_plans_every_shipped_model():
     """Each model in configs/models/ is in the bundled matrix, with and without LoRA."""
     shipped = {p.stem for p in (REPO / "configs/models").glob("*.json")}
-    deployments = yaml.safe_load((REPO / "configs/matrices/default.yaml").read_text())["deployments"]
+    deployments = yaml.safe_load((REPO / "configs/matrices/default.yaml").read_text())[
+        "deployments"
+    ]
     for lora in (False, True):
         assert {d["model"] for d in deployments if d.get("lora", False) is lora} == shipped

@@ -241,6 +241,37 @@ def test_launcher_rejects_bad_inputs(device: str) -> None:
         batched_fused_experts(x, counts, wt["w13"], wt["w2"], activation="relu2")
 
 
+def test_launcher_rejects_short_enabled_and_tensors_off_xs_device(device: str) -> None:
+    """Enabled flags shorter than the slots (the kernels read enabled[slot] past the end) and
+    a bias, the output, the adapters or the mapping on another device than x (they reached
+    torch or Triton) raise ValueError naming them; an empty batch returns its output."""
+    dtype = dtypes_for_device()[0]
+    cfg = ExpertsConfig(4, 32, 16, 2, activation="silu")
+    wt = make_weights(cfg, dtype, device)
+    x = torch.zeros(4, 8, 32, device=device, dtype=dtype)
+    counts = torch.tensor([3, 0, 8, 1], device=device, dtype=torch.int32)
+    ad = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8, 8], dtype=dtype, device=device)
+    slots = torch.zeros(4, 8, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=r"LoRA enabled must be \[L=2\]; got \(1,\)"):
+        short = dataclasses.replace(ad, enabled=ad.enabled[:1])
+        batched_fused_experts(x, counts, wt["w13"], wt["w2"], lora=MoELoRAContext(short, slots))
+    with pytest.raises(ValueError, match=r"x's device \S+; got w2_bias on meta$"):
+        batched_fused_experts(x, counts, wt["w13"], wt["w2"],
+                              w2_bias=torch.zeros(4, 32, device="meta"))  # fmt: skip
+    off = dataclasses.replace(ad, w13_b=ad.w13_b.to("meta"))
+    with pytest.raises(ValueError, match=r"x's device \S+; got LoRA w13_b on meta$"):
+        batched_fused_experts(x, counts, wt["w13"], wt["w2"], lora=MoELoRAContext(off, slots))
+    with pytest.raises(ValueError, match=r"x's device \S+; got token_lora_mapping on meta$"):
+        lora = MoELoRAContext(ad, slots.to("meta"))
+        batched_fused_experts(x, counts, wt["w13"], wt["w2"], lora=lora)
+    with pytest.raises(ValueError, match=r"out must be \(4, 8, 32\) .* on meta$"):
+        batched_fused_experts(
+            x, counts, wt["w13"], wt["w2"], out=torch.empty_like(x, device="meta")
+        )
+    empty = batched_fused_experts(x[:, :0], counts, wt["w13"], wt["w2"])
+    assert empty.shape == (4, 0, 32)
+
+
 @pytest.mark.parametrize("gated", [False, True])
 def test_gemm_tiles_fit_the_devices_shared_memory(gated: bool) -> None:
     """Hopper's budget leaves every tile as listed; Ada's 72 KB cuts the gated decode tiles

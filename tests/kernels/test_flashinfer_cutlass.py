@@ -263,3 +263,25 @@ def test_lora_context_raises_clear_error(fake_flashinfer: list) -> None:
             MoELoRAContext(ad, torch.zeros(3, dtype=torch.int32)),
         )
     assert fake_flashinfer == []
+
+
+def test_apply_rejects_swapped_routing_and_devices_and_skips_empty_batches(
+    fake_flashinfer: list,
+) -> None:
+    """topk_weights and topk_ids swapped (both were cast and run silently) or on another
+    device than x raise ValueError; T = 0 returns an empty output without calling
+    FlashInfer (CUTLASS rejects an empty input's null data pointer, sgl-project/sglang#38773)."""
+    cfg = ExpertsConfig(4, 16, 8, 2)
+    wt = make_weights(cfg, torch.bfloat16, "cpu")
+    ex = FlashInferCutlassExperts(cfg, wt["w13"], wt["w2"])
+    x = torch.randn(3, 16).bfloat16()
+    w, ids = torch.rand(3, 2), torch.tensor([[0, 1], [2, 3], [1, 0]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"topk_ids must be int; got torch.float32"):
+        ex.apply(x, ids, w)
+    with pytest.raises(ValueError, match=r"topk_weights must be float; got torch.int32"):
+        ex.apply(x, ids, ids)
+    with pytest.raises(ValueError, match=r"on x's device cpu; got topk_ids on meta$"):
+        ex.apply(x, w, ids.to("meta"))
+    out = ex.apply(x[:0], w[:0], ids[:0])
+    assert out.shape == (0, 16) and out.dtype == torch.bfloat16
+    assert fake_flashinfer == []

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -164,6 +166,47 @@ def test_pipeline_router_weight_on_input_on_cpu() -> None:
     out = grouped_mm_fused_moe(x, wt["w13"], wt["w2"], w, ids, **kw)
     ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, **kw)
     assert rel_err(out, ref) < CPU_FP32_REL_L2
+
+
+@pytest.mark.skipif(grouped_mm_fn() is None, reason="this torch has no grouped_mm")
+def test_pipeline_rejects_bad_input() -> None:
+    """Caller mistakes raise one ValueError naming the argument (they raised IndexError or
+    RuntimeError from inside torch's grouped_mm, indexing or reshapes)."""
+    cfg = ExpertsConfig(4, 32, 16, 2)
+    wt = make_weights(cfg, torch.float32, "cpu")
+    w13, w2 = wt["w13"], wt["w2"]
+    x = torch.randn(3, 32)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 0]], dtype=torch.int32)
+    w = torch.rand(3, 2)
+    with pytest.raises(ValueError, match=r"share one of .*; got x torch.float16, weights \[torch"):
+        grouped_mm_fused_moe(x.half(), w13, w2, w, ids)
+    with pytest.raises(ValueError, match=r"expected x \[T, H\], .*topk_ids \(3,\)"):
+        grouped_mm_fused_moe(x, w13, w2, w[:, 0], ids[:, 0])
+    with pytest.raises(ValueError, match=r"both be \[T=3, k\]; .*topk_ids \(2, 2\)"):
+        grouped_mm_fused_moe(x, w13, w2, w[:2], ids[:2])
+    with pytest.raises(ValueError, match=r"expected w13_bias \(4, 32\), got \(3, 32\)"):
+        grouped_mm_fused_moe(x, w13, w2, w, ids, w13_bias=torch.zeros(3, 32))
+    with pytest.raises(ValueError, match=r"shape mismatch \(gated=True\)"):
+        grouped_mm_fused_moe(x, w13[:, :16], w2, w, ids)
+    ad = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8], dtype=torch.float32, device="cpu")
+    short = MoELoRAContext(dataclasses.replace(ad, enabled=ad.enabled[:1]), ids[:, 0])
+    with pytest.raises(ValueError, match=r"enabled must be \[L=2\], got shape \(1,\)"):
+        grouped_mm_fused_moe(x, w13, w2, w, ids, lora=short)
+    half = dataclasses.replace(ad, w2_b=ad.w2_b.half())
+    with pytest.raises(ValueError, match=r"LoRA weights must share one of .*torch.float16\]"):
+        grouped_mm_fused_moe(x, w13, w2, w, ids, lora=MoELoRAContext(half, ids[:, 0]))
+
+
+@pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
+def test_pipeline_empty_batch_on_cpu() -> None:
+    """T = 0 returns an empty [0, H] output, with and without LoRA."""
+    cfg = ExpertsConfig(4, 32, 16, 2)
+    wt = make_weights(cfg, torch.float32, "cpu")
+    ad = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8], dtype=torch.float32, device="cpu")
+    for lora in (None, MoELoRAContext(ad, torch.zeros(0, dtype=torch.int32))):
+        out = grouped_mm_fused_moe(torch.randn(0, 32), wt["w13"], wt["w2"], torch.rand(0, 2),
+                                   torch.zeros(0, 2, dtype=torch.int32), lora=lora)  # fmt: skip
+        assert out.shape == (0, 32) and out.dtype == torch.float32
 
 
 # ---------------------------------------------------------------------------------------

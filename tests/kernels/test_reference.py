@@ -131,3 +131,39 @@ def test_reference_experts_backend_matches_function():
     got = backend.apply(x, tw, ti)
     want = _brute_force(cfg, wts, x, tw.double(), ti, None)
     torch.testing.assert_close(got, want, rtol=FP64_TOL, atol=FP64_TOL)
+
+
+def test_reference_rejects_bad_input():
+    """Caller mistakes raise one ValueError naming the argument; before, swapped topk_weights
+    and topk_ids, a [N1] bias (one scalar added per expert) and adapters of another layer
+    ran silently, and the rest failed with IndexError or RuntimeError inside torch."""
+    cfg = ExpertsConfig(4, 16, 8, 2, "silu")
+    wts = make_weights(cfg, torch.float32, "cpu")
+    w13, w2 = wts["w13"], wts["w2"]
+    x = make_x(3, 16, torch.float32, "cpu")
+    tw, ti = make_routing(3, 4, 2, "cpu")
+    with pytest.raises(ValueError, match=r"topk_ids int; got .*topk_weights \(3, 2\) torch.int32"):
+        fused_moe_reference(x, w13, w2, ti, tw)
+    with pytest.raises(ValueError, match=r"expected w13_bias \(4, 16\), got \(16,\)"):
+        fused_moe_reference(x, w13, w2, tw, ti, w13_bias=torch.zeros(16))
+    with pytest.raises(
+        ValueError, match=r"shape mismatch \(gated=True\): expected w13 \[4, 16, 16\]"
+    ):
+        fused_moe_reference(x, w13[:, :12], w2, tw, ti)
+    with pytest.raises(ValueError, match=r"expected x \[T, H\], .*topk_ids \(3,\) torch.int32"):
+        fused_moe_reference(x, w13, w2, tw[:, 0], ti[:, 0])
+    with pytest.raises(ValueError, match=r"both be \[T=3, k\]; .*topk_ids \(2, 2\)"):
+        fused_moe_reference(x, w13, w2, tw[:2], ti[:2])
+    with pytest.raises(ValueError, match=r"on x's device cpu; got w2 on meta$"):
+        fused_moe_reference(x, w13, w2.to("meta"), tw, ti)
+    other = make_lora(ExpertsConfig(8, 16, 8, 2), num_slots=1, max_rank=4, ranks=[4],
+                      dtype=torch.float32, device="cpu")  # fmt: skip
+    with pytest.raises(ValueError, match=r"LoRA shapes .* do not match the layer.*E=4"):
+        fused_moe_reference(x, w13, w2, tw, ti, lora=MoELoRAContext(other, torch.zeros(3).int()))
+    ad = make_lora(cfg, num_slots=2, max_rank=4, ranks=[4], dtype=torch.float32, device="cpu")
+    with pytest.raises(
+        ValueError, match=r"token_lora_mapping must be int \[T=3\], got shape \(2,\)"
+    ):
+        fused_moe_reference(x, w13, w2, tw, ti, lora=MoELoRAContext(ad, torch.zeros(2).int()))
+    out = fused_moe_reference(x[:0], w13, w2, tw[:0], ti[:0])
+    assert out.shape == (0, 16) and out.dtype == torch.float32

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
+from moe_policy.experts.lora import MoELoRAAdapters  # noqa: E402
 from moe_policy.experts.testing import (  # noqa: E402
     ON_GPU,
     dtypes_for_device,
@@ -359,6 +360,56 @@ def test_lora_shape_errors(device):
         ValueError, match=r"token_lora_mapping must be contiguous int32 \[T=3\].*int64"
     ):
         fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti, lora=lora_context(ad2, bad_map))
+
+
+def test_lora_device_and_enabled_errors_and_empty_batch(device):
+    """Adapters or the mapping off x's device and enabled flags of the wrong length raise
+    ValueError naming them (the device mistakes failed inside torch or Triton); T = 0 with an
+    adapter context returns an empty output."""
+    cfg = ExpertsConfig(4, 32, 16, 2, "silu")
+    wts = make_weights(cfg, torch.float32, device)
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"])
+    x = make_x(3, 32, torch.float32, device)
+    tw, ti = make_routing(3, 4, 2, device)
+    ad = make_lora(cfg, num_slots=2, max_rank=8, ranks=[8], dtype=torch.float32, device=device)
+    m = lora_mapping(3, "same", 2, device)
+    with pytest.raises(ValueError, match=r"x's device \S+; got token_lora_mapping on meta$"):
+        backend.apply(x, tw, ti, lora_context(ad, m.to("meta")))
+    off = dataclasses.replace(ad, w2_b=ad.w2_b.to("meta"))
+    with pytest.raises(ValueError, match=r"x's device \S+; got LoRA w2_b on meta$"):
+        backend.apply(x, tw, ti, lora_context(off, m))
+    short = dataclasses.replace(ad, enabled=ad.enabled[:1])
+    with pytest.raises(ValueError, match=r"enabled must be \[L=2\], got shape \(1,\)"):
+        backend.apply(x, tw, ti, lora_context(short, m))
+    out = backend.apply(x[:0], tw[:0], ti[:0], lora_context(ad, m[:0]))
+    assert out.shape == (0, 32) and out.dtype == torch.float32
+
+
+def test_set_adapter_and_clear_reject_bad_shapes_and_slots():
+    """set_adapter refuses tensors that copy_ would broadcast over the experts ([1, r, H]: the
+    same adapter silently loaded for every expert) or reject with a RuntimeError (rank or H
+    mismatch); clear refuses a slot out of range (IndexError) or negative (it cleared the
+    last slot)."""
+    e, h, i, r = 4, 32, 16, 4
+    ad = MoELoRAAdapters.allocate(num_slots=2, num_experts=e, hidden_size=h, intermediate_size=i,
+                                  max_rank=8, num_slices=2, dtype=torch.float32)  # fmt: skip
+
+    def load(w13_a=(e, r, h), w13_b=(e, i, r), w2_a=(e, r, i), w2_b=(e, h, r)):
+        ad.set_adapter(1, w13_a=[torch.ones(w13_a)] * 2, w13_b=[torch.ones(w13_b)] * 2,
+                       w2_a=torch.ones(w2_a), w2_b=torch.ones(w2_b))  # fmt: skip
+
+    with pytest.raises(ValueError, match=r"adapter w13_a must be \(4, 4, 32\) .*got \(1, 4, 32\)"):
+        load(w13_a=(1, r, h))
+    with pytest.raises(ValueError, match=r"adapter w2_b must be \(4, 32, 4\) .*got \(4, 32, 2\)"):
+        load(w2_b=(e, h, 2))
+    with pytest.raises(ValueError, match=r"adapter w2_a must be \[E, r, I\], got \(4, 16\)"):
+        load(w2_a=(r, i))
+    assert int(ad.enabled.sum()) == 0 and not ad.w13_a.any()
+    load()  # into slot 1, the one clear(-1) emptied
+    for slot in (-1, 2):
+        with pytest.raises(ValueError, match=rf"slot {slot} out of range 0..1"):
+            ad.clear(slot)
+    assert ad.enabled.tolist() == [0, 1] and bool(ad.w13_a[:, 1, :, :r].all())
 
 
 #: BLOCK_M 16 tiles through TMA (gated GEMM 1 as one dot).

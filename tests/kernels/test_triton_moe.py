@@ -546,6 +546,42 @@ def test_launcher_rejects_bad_input(device):
         TritonExperts(ExpertsConfig(4, 32, 8, 2, "silu"), wts["w13"], wts["w2"])
 
 
+def test_launcher_rejects_tensors_off_xs_device_and_empty_sizes(device):
+    """A weight, the routing or a bias on another device than x (meta here; a CPU weight under
+    a CUDA x failed inside Triton's launcher) and E, H or I of 0 raise ValueError naming them
+    (they raised NotImplementedError, ZeroDivisionError, RuntimeError or AssertionError)."""
+    cfg = ExpertsConfig(4, 32, 16, 2, "silu", has_bias=True)
+    wts = make_weights(cfg, torch.float32, device)
+    w13, w2, b13, b2 = wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    x = make_x(3, 32, torch.float32, device)
+    tw, ti = make_routing(3, 4, 2, device)
+    with pytest.raises(ValueError, match=r"on x's device \S+; got w13 on meta, w2 on meta$"):
+        fused_moe_triton(x, w13.to("meta"), w2.to("meta"), tw, ti)
+    with pytest.raises(ValueError, match=r"on x's device \S+; got topk_ids on meta$"):
+        fused_moe_triton(x, w13, w2, tw, ti.to("meta"))
+    with pytest.raises(ValueError, match=r"on x's device \S+; got w2_bias on meta$"):
+        fused_moe_triton(x, w13, w2, tw, ti, w13_bias=b13, w2_bias=b2.to("meta"))
+    with pytest.raises(ValueError, match="1 to 1024 experts are supported, got 0"):
+        fused_moe_triton(x, w13[:0], w2[:0], tw, ti)
+    with pytest.raises(ValueError, match="sizes must be positive, got H=32, I=0"):
+        fused_moe_triton(x, w13[:, :0], w2[:, :, :0], tw, ti)
+
+
+@pytest.mark.parametrize("naive", [None, False])
+def test_empty_batch_gives_an_empty_output(naive, device):
+    """T = 0 (engines call the layer with no tokens) returns [0, H] in x's dtype."""
+    cfg = ExpertsConfig(4, 32, 16, 2, "silu", has_bias=True)
+    wts = make_weights(cfg, torch.float16, device)
+    conv = TritonExperts.convert_weights(
+        cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    x = make_x(0, 32, torch.float16, device)
+    tw, ti = make_routing(0, 4, 2, device)
+    out = fused_moe_triton(x, conv["w13"], conv["w2"], tw, ti, w13_bias=conv["w13_bias"],
+                           w2_bias=conv["w2_bias"], naive=naive)  # fmt: skip
+    assert out.shape == (0, 32) and out.dtype == torch.float16 and out.device == x.device
+
+
 # ---------------------------------------------------------------- configs
 
 

@@ -143,7 +143,9 @@ def test_sm100_gated_silu_lora_defaults_to_triton(make_selector, b200):
     assert [r.id for r in decision.rules if r.matched and r.applied] == ["lora-prefers-triton"]
     # the candidate that lost still says which class the engine would build for it here
     assert decision.candidate("flashinfer_trtllm").experts_class == "TrtLlmBf16LoRAExperts"
-    assert make_selector(QWEN3, **b200).select().candidate("flashinfer_trtllm").experts_class is None
+    assert (
+        make_selector(QWEN3, **b200).select().candidate("flashinfer_trtllm").experts_class is None
+    )
 
 
 def test_a_policy_preferring_trtllm_picks_its_lora_variant(make_selector, b200, tmp_path: Path):

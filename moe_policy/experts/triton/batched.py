@@ -47,7 +47,12 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_policy.experts.base import GATED_ACTIVATIONS, NON_GATED_ACTIVATIONS, FusedMoEExperts
+from moe_policy.experts.base import (
+    GATED_ACTIVATIONS,
+    NON_GATED_ACTIVATIONS,
+    FusedMoEExperts,
+    check_devices,
+)
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton.config import SMEM_LIMIT, GemmConfig, fit_stages
 from moe_policy.experts.triton.device import config_limits, sm_count, triton_runtime_available
@@ -535,9 +540,8 @@ def _check_inputs(
         raise ValueError(f"expert_num_tokens must be [E={e_count}] int32; got {got}")
     if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"x, w13, w2 must share one of {_DTYPES}; got {got}")
-    devices = {t.device for t in (x, expert_num_tokens, w13, w2)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
+    check_devices(x, expert_num_tokens=expert_num_tokens, w13=w13, w2=w2, w13_bias=w13_bias,
+                  w2_bias=w2_bias)  # fmt: skip
     if w13_bias is not None and w13_bias.shape != (e_count, n1):
         raise ValueError(f"w13_bias must be [E, N1]=({e_count}, {n1}); got {tuple(w13_bias.shape)}")
     if w2_bias is not None and w2_bias.shape != (e_count, hidden):
@@ -566,6 +570,9 @@ def _check_inputs(
             f"batched LoRA mapping must be [E, M]={tuple(x.shape[:2])} int32; "
             f"got {tuple(mapping.shape)} {mapping.dtype}"
         )
+    if tuple(ad.enabled.shape) != (ad.num_slots,):  # the kernels read enabled[slot]
+        raise ValueError(f"LoRA enabled must be [L={ad.num_slots}]; got {tuple(ad.enabled.shape)}")
+    check_devices(x, token_lora_mapping=mapping, **{f"LoRA {n}": getattr(ad, n) for n in exp})
 
 
 def batched_fused_experts(
@@ -592,9 +599,10 @@ def batched_fused_experts(
     inter = w2.shape[2]
     if out is None:
         out = torch.empty_like(x)
-    elif out.shape != x.shape or out.dtype != x.dtype:
+    elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
         raise ValueError(
-            f"out must be {tuple(x.shape)} {x.dtype}; got {tuple(out.shape)} {out.dtype}"
+            f"out must be {tuple(x.shape)} {x.dtype} on {x.device}; got {tuple(out.shape)} "
+            f"{out.dtype} on {out.device}"
         )
     if e_count == 0 or m_cap == 0:
         return out

@@ -126,7 +126,7 @@ class MoEConfig:
                 f"persistent GEMMs run no tail tiles: set tail_m to 0 (got {self.tail_m})"
             )
         t = self.tail_m
-        if not _is_int(t) or t and (t < 16 or t & (t - 1) or 2 * t > self.block_m):
+        if not _is_int(t) or (t and (t < 16 or t & (t - 1) or 2 * t > self.block_m)):
             raise ValueError(
                 f"tail_m must be 0 or a power of two in [16, block_m/2={self.block_m // 2}], "
                 f"got {t!r}"

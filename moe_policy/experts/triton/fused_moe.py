@@ -65,9 +65,10 @@ from moe_policy.experts.base import (
     ExpertsConfig,
     FusedMoEExperts,
     check_common_layout,
+    check_devices,
     contiguous_layout,
 )
-from moe_policy.experts.lora import MoELoRAContext
+from moe_policy.experts.lora import MoELoRAContext, check_lora
 from moe_policy.experts.triton.align import moe_align
 from moe_policy.experts.triton.config import MoEConfig
 from moe_policy.experts.triton.device import (
@@ -90,35 +91,20 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _check_lora(lora: MoELoRAContext, t: int, e: int, h: int, i: int, gated: bool) -> None:
+def _check_lora(lora: MoELoRAContext, x: torch.Tensor, e: int, i: int, gated: bool) -> None:
+    check_lora(lora, x, e, i, gated)
     ad = lora.adapters
-    s = 2 if gated else 1
-    shapes = (
-        tuple(ad.w13_a.shape),
-        tuple(ad.w13_b.shape),
-        tuple(ad.w2_a.shape),
-        tuple(ad.w2_b.shape),
-    )
-    if ad.w13_a.dim() != 5:
-        raise ValueError(f"LoRA w13_a must be [S, L, E, R, H], got {shapes[0]}")
-    _, slots, _, r, _ = ad.w13_a.shape
-    want = ((s, slots, e, r, h), (s, slots, e, i, r), (slots, e, r, i), (slots, e, h, r))
-    _check(
-        shapes == want,
-        f"LoRA shapes (w13_a, w13_b, w2_a, w2_b) {shapes} do not match the layer; "
-        f"expected {want} (S={s}, L={slots}, E={e}, R={r}, H={h}, I={i})",
-    )
-    _check(r <= MAX_RANK, f"LoRA max rank {r} exceeds {MAX_RANK}")
+    _check(ad.max_rank <= MAX_RANK, f"LoRA max rank {ad.max_rank} exceeds {MAX_RANK}")
     m = lora.token_lora_mapping
     _check(
-        m.dim() == 1 and m.shape[0] == t and m.dtype == torch.int32 and m.is_contiguous(),
-        f"token_lora_mapping must be contiguous int32 [T={t}], got shape {tuple(m.shape)} "
-        f"dtype {m.dtype} strides {m.stride()}",
+        m.dtype == torch.int32 and m.is_contiguous(),
+        f"token_lora_mapping must be contiguous int32 [T={x.shape[0]}], got shape "
+        f"{tuple(m.shape)} dtype {m.dtype} strides {m.stride()}",
     )
     en = ad.enabled
     _check(
-        en.dim() == 1 and en.shape[0] == slots and en.dtype == torch.int32,
-        f"enabled must be int32 [L={slots}], got shape {tuple(en.shape)} dtype {en.dtype}",
+        en.dtype == torch.int32,
+        f"enabled must be int32 [L={ad.num_slots}], got shape {tuple(en.shape)} dtype {en.dtype}",
     )
 
 
@@ -173,7 +159,10 @@ def fused_moe_triton(
         f"{tuple(topk_ids.shape)} {topk_ids.dtype} strides {topk_ids.stride()}, "
         f"{tuple(topk_weights.shape)} {topk_weights.dtype} strides {topk_weights.stride()}",
     )  # fmt: skip
-    _check(e <= 1024, f"at most 1024 experts are supported, got {e}")
+    _check(0 < e <= 1024, f"1 to 1024 experts are supported, got {e}")
+    _check(h > 0 and i > 0, f"hidden and intermediate sizes must be positive, got H={h}, I={i}")
+    check_devices(x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
+                  w13_bias=w13_bias, w2_bias=w2_bias)  # fmt: skip
     act = ACTIVATION_CODES.get(activation)
     _check(
         act is not None
@@ -190,7 +179,7 @@ def fused_moe_triton(
             f"{None if w2_bias is None else tuple(w2_bias.shape)}",
         )  # fmt: skip
     if lora is not None:
-        _check_lora(lora, t, e, h, i, gated)
+        _check_lora(lora, x, e, i, gated)
     lora_shape = (lora.adapters.num_slots, lora.adapters.max_rank) if lora is not None else (0, 0)
     problem = MoEProblem(
         t, topk_ids.shape[1], e, h, i, gated, activation, x.element_size(),
