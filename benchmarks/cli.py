@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import at_least, check_out_file, nonnegative_int
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "configs/models/nemotron-3-nano-30b-a3b.json"
 ARGS = (
@@ -107,12 +109,14 @@ def _quantile(samples: list[float], q: float) -> float:
 def main() -> None:
     """Measure, print a short table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--runs", type=at_least(10), default=20)
+    parser.add_argument("--warmup", type=nonnegative_int, default=2)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "cli.json"))
     args = parser.parse_args()
-    if args.runs < 10:
-        parser.error("--runs must be at least 10")
+    try:  # written at the end: a path that cannot be written fails before the measurement
+        check_out_file(args.out)
+    except ValueError as exc:
+        parser.error(f"--out: {exc}")
     script = _script()
     import compileall
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -24,6 +26,7 @@ from moe_policy.experts.triton.tuning.inputs import (
     shape_adapters,
     shape_weights,
 )
+from moe_policy.experts.triton.tuning.preflight import cuda_device_name, writable_dir
 from moe_policy.experts.triton.tuning.shapes import (
     FIXED_COPY_TBPS,
     FIXED_MATMUL_TFLOPS,
@@ -59,7 +62,10 @@ __all__ = [  # this module's names and the tuning modules' it passes on to the b
     "MoEShape",
     "add_shape_args",
     "alloc_block",
+    "at_least",
     "capture_graph",
+    "check_out_dir",
+    "check_out_file",
     "duty_fraction",
     "event_ms",
     "expected_experts",
@@ -72,12 +78,17 @@ __all__ = [  # this module's names and the tuning modules' it passes on to the b
     "lora_contexts",
     "lower_bound_us",
     "measure_ceilings",
+    "nonnegative_float",
+    "nonnegative_int",
     "nvidia_smi_id",
     "parse_gpu_state",
     "peak_extra_bytes",
     "plot_ratios",
+    "positive_float",
     "positive_int",
+    "read_json",
     "replays_us",
+    "require_gpu",
     "rest_s",
     "routing_sets",
     "shape_adapters",
@@ -281,12 +292,100 @@ def add_shape_args(
 
 def positive_int(text: str) -> int:
     """argparse type of counts (``--runs``, ``--replays``, ``--tokens``): an integer >= 1."""
+    return at_least(1)(text)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type of counts where 0 means none (``--warmup``): an integer >= 0."""
+    return at_least(0)(text)
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``low``."""
     import argparse
 
-    n = _converted(text, int, "an integer")
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return int(n)
+    def convert(text: str) -> int:
+        n = _converted(text, int, "an integer")
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text!r}")
+        return int(n)
+
+    return convert
+
+
+def _finite(text: str) -> float:
+    import argparse
+
+    x = float(_converted(text, float, "a number"))
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return x
+
+
+def positive_float(text: str) -> float:
+    """argparse type of durations that must pass (``--deadline``): a finite number > 0."""
+    import argparse
+
+    x = _finite(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return x
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type of durations where 0 means off (``--held``): a finite number >= 0."""
+    import argparse
+
+    x = _finite(text)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text!r}")
+    return x
+
+
+# ---------------------------------------------------------------- files and the GPU
+
+
+def read_json(path: str) -> Any:
+    """The JSON document in the regular file ``path``; ValueError ``"<path>[:line:col]: why"``
+    when it cannot be read (missing, a directory; a FIFO or a device is refused, not read,
+    so that nothing blocks) or is not JSON."""
+    from moe_policy.core.textfile import read_text
+    from moe_policy.errors import PolicyError
+
+    try:
+        text = read_text(path)
+    except PolicyError as exc:
+        where = (exc.origin or path).removeprefix("file:")
+        raise ValueError(f"{where}: {exc.message}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg})") from None
+
+
+def check_out_dir(path: str) -> str:
+    """``path``, a folder results go into: created if missing and checked writable before any
+    work; ValueError saying why not."""
+    return writable_dir(path)
+
+
+def check_out_file(path: str) -> str:
+    """``path``, a results file written at the end of a run, checked before it: not a
+    directory, FIFO or device, its folder created if missing and writable; ValueError."""
+    if os.path.isdir(path):
+        raise ValueError(f"cannot write to {path!r} (a directory)")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"cannot write to {path!r} (not a regular file)")
+    check_out_dir(os.path.dirname(path) or ".")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"cannot write to {path!r} (Permission denied)")
+    return path
+
+
+def require_gpu(what: str) -> str:
+    """The CUDA device's name; ValueError without torch or a CUDA GPU (``what``: why one is
+    needed, as the message's end)."""
+    return cuda_device_name(what)
 
 
 def time_graph_us(

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import at_least, check_out_file
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = str(REPO / "configs/models/qwen3-30b-a3b.json")
 LAYERS = 128
@@ -114,11 +116,20 @@ def _stats(per_rank: list[list[float]]) -> dict[str, float]:
 def main() -> None:
     """Spawn the ranks, print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--calls", type=at_least(2), default=20,
+                        help="timed calls per case (at least 2: their p20 and p80 are kept)")  # fmt: skip
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/consistency.json"))
     args = parser.parse_args()
-    import torch
-    import torch.multiprocessing as mp
+    try:  # written at the end: a path that cannot be written fails before the ranks start
+        check_out_file(args.out)
+    except ValueError as exc:
+        parser.error(f"--out: {exc}")
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError:
+        parser.exit(2, f"{parser.prog}: error: the ranks run torch.distributed: pip install "
+                       "'moe-policy[kernels]'\n")  # fmt: skip
 
     with tempfile.TemporaryDirectory() as tmp:
         policy = Path(tmp) / "per-layer.yaml"

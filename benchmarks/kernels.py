@@ -46,7 +46,7 @@ Add a backend: write ``def build_x(case) -> list[callable]`` and add
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import sys
 import time
@@ -63,6 +63,8 @@ from benchmarks.common import (
     MoEShape,
     add_shape_args,
     alloc_block,
+    at_least,
+    check_out_dir,
     duty_fraction,
     experts_config,
     gpu_state,
@@ -72,12 +74,14 @@ from benchmarks.common import (
     lora_contexts,
     lower_bound_us,
     measure_ceilings,
+    nonnegative_float,
     peak_extra_bytes,
     plot_ratios,
     positive_int,
+    read_json,
+    require_gpu,
     routing_sets,
     shape_adapters,
-    shape_from_model,
     shape_weights,
     time_eager_us,
     time_graph_held_us,
@@ -472,11 +476,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def model_shape(spec: str) -> str:
     """``--model``: the routed-expert layer of a Hugging Face config, added to ``SHAPES`` under
-    the model's name; its name. ValueError naming the file and key when it is no MoE config."""
+    the model's name; its name. ValueError naming the file and key when it is no MoE config,
+    or one the Triton kernels cannot run (``moe-policy tune``'s checks: the activation, a
+    quantized model, more than 1024 experts)."""
+    from moe_policy.cli.tune import TuneError
+    from moe_policy.cli.tune import model_shape as tune_shape
     from moe_policy.errors import PolicyError
 
     try:
-        shape = shape_from_model(spec)
+        shape, _ = tune_shape(spec, 1, 1)
+    except TuneError as exc:  # "cli:--model: <spec>: why"
+        raise ValueError(
+            f"--model {spec}: {str(exc).removeprefix(f'cli:--model: {spec}: ')}"
+        ) from None
     except (PolicyError, OSError) as exc:
         raise ValueError(f"--model {spec}: {exc}") from None
     known = SHAPES.get(shape.name)
@@ -487,8 +499,9 @@ def model_shape(spec: str) -> str:
 
 
 def register_shapes(payload: dict[str, Any]) -> None:
-    """Shapes a sweep recorded (``--model`` ones among them) into ``SHAPES``, for ``--table``."""
-    for name, fields in payload.get("info", {}).get("shapes", {}).items():
+    """Shapes a sweep recorded (``--model`` ones among them) into ``SHAPES``, for ``--table``
+    (``load_sweep`` checked them)."""
+    for name, fields in payload["info"].get("shapes", {}).items():
         SHAPES.setdefault(name, MoEShape(**fields))
 
 
@@ -533,8 +546,9 @@ def _from_batched_meta(payload: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for r in payload["rows"]:
         row = {k: v for k, v in r.items() if k != "vs_triton"}
-        row["impl"] = r["impl"].replace("+lora", "_lora")
-        impl = IMPLEMENTATIONS.get(row["impl"])
+        if isinstance(r.get("impl"), str):  # else refused by load_sweep's row check
+            row["impl"] = r["impl"].replace("+lora", "_lora")
+        impl = IMPLEMENTATIONS.get(row.get("impl"))
         if impl and impl.checked and r.get("vs_triton") is not None:
             row[f"overhead_vs_{impl.baseline}"] = r["vs_triton"]
         rows.append(row)
@@ -543,22 +557,116 @@ def _from_batched_meta(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_sweep(path: str) -> dict[str, Any]:
-    """A sweep JSON as ``run`` returns it; ValueError naming the file when it is not one."""
-    try:
-        with open(path) as f:
-            payload = json.load(f)
-    except OSError as exc:
-        raise ValueError(f"{path}: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg})") from exc
+    """A sweep JSON as ``run`` returns it; ValueError naming the file (and the row) when it is
+    not one: unreadable, not JSON, no ``info``/``ceilings``/``rows``, a row without its shape,
+    T and implementation, a figure that is not a finite number, a recorded shape that is not
+    a layer."""
+    payload = read_json(path)
     if isinstance(payload, dict) and {"meta", "rows"} <= set(payload):
+        if not isinstance(payload["meta"], dict) or not _rows_of_objects(payload["rows"]):
+            raise ValueError(f"{path}: not a benchmarks.kernels sweep ('meta' must be an "
+                             "object, 'rows' a list of objects)")  # fmt: skip
         payload = _from_batched_meta(payload)
     missing = [
         k for k in ("info", "ceilings", "rows") if not isinstance(payload, dict) or k not in payload
     ]
     if missing:
         raise ValueError(f"{path}: not a benchmarks.kernels sweep (no {', '.join(missing)})")
+    for key in ("info", "ceilings"):
+        if not isinstance(payload[key], dict):
+            raise ValueError(f"{path}: not a benchmarks.kernels sweep ({key!r} is not an object)")
+    rows = payload["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: not a benchmarks.kernels sweep ('rows' is not a non-empty list)")
+    for i, row in enumerate(rows):
+        problem = _row_problem(row)
+        if problem:
+            raise ValueError(f"{path}: rows[{i}]: {problem}")
+    shapes = payload["info"].get("shapes", {})
+    if not isinstance(shapes, dict):
+        raise ValueError(f"{path}: info.shapes is not an object")
+    for name, fields in shapes.items():
+        problem = _shape_problem(name, fields)
+        if problem:
+            raise ValueError(f"{path}: info.shapes.{name}: {problem}")
     return payload
+
+
+def _rows_of_objects(rows: Any) -> bool:
+    return isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
+
+
+#: Figures of a row that must be finite numbers where present (``us`` > 0 too).
+_ROW_NUMBERS = ("us", "p20_us", "p80_us", "bound_us", "ratio", "ratio_held", "held_us", "tbps",
+                "tflops", "extra_mem_bytes", "mem_limit_bytes")  # fmt: skip
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _row_problem(row: Any) -> str | None:
+    """What makes ``row`` no sweep row, or None."""
+    if not isinstance(row, dict):
+        return f"not an object: {row!r}"[:200]
+    if not isinstance(row.get("shape"), str):
+        return f"'shape' must be a shape's name, got {row.get('shape')!r}"
+    if not _is_count(row.get("T")):
+        return f"'T' must be a token count (an integer >= 1), got {row.get('T')!r}"
+    if row.get("impl") not in IMPLEMENTATIONS:
+        return (f"'impl' must be one of {', '.join(IMPLEMENTATIONS)}, "
+                f"got {row.get('impl')!r}")  # fmt: skip
+    for key, value in row.items():
+        if (key in _ROW_NUMBERS or key.startswith("overhead_vs_")) and not _is_number(value):
+            return f"{key!r} must be a finite number, got {value!r}"
+    if "us" in row and row["us"] <= 0:
+        return f"'us' must be greater than 0, got {row['us']!r}"
+    return None
+
+
+def _shape_problem(name: str, fields: Any) -> str | None:
+    """What makes a recorded shape (``info.shapes``) no layer ``MoEShape`` can hold, or None."""
+    if not isinstance(fields, dict):
+        return "not an object"
+    want = {"name", "num_experts", "hidden", "inter", "top_k", "gated", "activation"}
+    missing = sorted(want - set(fields))
+    unknown = sorted(set(fields) - want - {"has_bias"})
+    if missing or unknown:
+        return f"missing {missing}, unknown {unknown}" if unknown else f"missing {missing}"
+    for key in ("num_experts", "hidden", "inter", "top_k"):
+        if not _is_count(fields[key]):
+            return f"{key!r} must be an integer >= 1, got {fields[key]!r}"
+    if fields["top_k"] > fields["num_experts"]:
+        return f"top_k {fields['top_k']} exceeds num_experts {fields['num_experts']}"
+    if not all(isinstance(fields.get(k, False), bool) for k in ("gated", "has_bias")):
+        return "'gated' and 'has_bias' must be true or false"
+    if not isinstance(fields["activation"], str) or fields["name"] != name:
+        return "'activation' must be a name and 'name' the shape's key"
+    return None
+
+
+#: What ``--table`` reads of a standard sweep's timed Triton rows (the targets and the table).
+TABLE_FIELDS = ("tflops", "extra_mem_bytes", "mem_limit_bytes")
+
+
+def check_table(payload: dict[str, Any], path: str) -> None:
+    """ValueError naming the file and row when a standard sweep's timed Triton row lacks what
+    the target checks read (``TABLE_FIELDS``), or has a memory budget of 0."""
+    if payload["info"].get("format") == "batched":
+        return
+    for i, r in enumerate(payload["rows"]):
+        if "us" not in r or r["impl"] not in ("triton", "triton_lora"):
+            continue
+        missing = [k for k in TABLE_FIELDS if k not in r]
+        if missing:
+            raise ValueError(f"{path}: rows[{i}] ({r['shape']} T={r['T']} {r['impl']}): "
+                             f"no {', '.join(missing)}")  # fmt: skip
+        if r["mem_limit_bytes"] <= 0:
+            raise ValueError(f"{path}: rows[{i}]: 'mem_limit_bytes' must be greater than 0")
 
 
 def _print_row(r: dict[str, Any]) -> None:
@@ -749,13 +857,14 @@ def main() -> None:
                         "Face config.json files, model directories or bundled model names")  # fmt: skip
     p.add_argument("--impls", nargs="+", choices=list(IMPLEMENTATIONS),
                    help="implementations to time (default: those of --format)")  # fmt: skip
-    p.add_argument("--replays", type=positive_int, default=50)
+    p.add_argument("--replays", type=at_least(2), default=50,
+                   help="graph replays per row (at least 2: the row keeps their p20 and p80)")  # fmt: skip
     p.add_argument("--out", metavar="DIR",
                    help="write <tag>.json and <tag>.png here (default: print only)")  # fmt: skip
-    p.add_argument("--tag", default="kernels")
+    p.add_argument("--tag", default="kernels", help="the file names' stem (a name, no folder)")
     p.add_argument("--warm", action="store_true", help="only compile/run once (parallel warm-up)")
     p.add_argument("--breakdown", action="store_true", help="per-kernel device times (profiler)")
-    p.add_argument("--held", type=float, default=2.0, metavar="S",
+    p.add_argument("--held", type=nonnegative_float, default=2.0, metavar="S",
                    help="also measure the ceilings, and the Triton rows at T >= "
                         f"{HELD_MIN_T}, held S seconds each (0: skip); those rows get "
                         "held_us and ratio_held, the power-capped view")  # fmt: skip
@@ -765,18 +874,22 @@ def main() -> None:
     p.add_argument("--runs", type=positive_int, default=1,
                    help="whole sweeps; the JSON keeps each point's median-ratio run, and with "
                         "--out each run is also written as <tag>_runN.json when it ends")  # fmt: skip
-    p.add_argument("--merge", nargs="+", metavar="JSON",
-                   help="no GPU: merge whole-sweep JSONs (e.g. the <tag>_runN.json that each "
-                        "run of --runs N leaves, should the call be cut off) like --runs does, "
-                        "into --out")  # fmt: skip
-    p.add_argument("--table", metavar="JSON",
-                   help="no GPU: print a saved sweep as a table (a standard sweep with its "
-                        "target checks) and exit")  # fmt: skip
+    saved = p.add_mutually_exclusive_group()
+    saved.add_argument("--merge", nargs="+", metavar="JSON",
+                       help="no GPU: merge whole-sweep JSONs (e.g. the <tag>_runN.json that each "
+                            "run of --runs N leaves, should the call be cut off) like --runs "
+                            "does, into --out")  # fmt: skip
+    saved.add_argument("--table", metavar="JSON",
+                       help="no GPU: print a saved sweep as a table (a standard sweep with its "
+                            "target checks) and exit")  # fmt: skip
     p.add_argument("--missed", action="store_true", help="with --table: only the missed targets")
     args = p.parse_args()
+    if args.missed and not args.table:
+        p.error("--missed goes with --table")
     if args.table:
         try:
             payload = load_sweep(args.table)
+            check_table(payload, args.table)
         except ValueError as exc:
             p.error(f"--table {exc}")
         register_shapes(payload)
@@ -785,6 +898,8 @@ def main() -> None:
             p.error(f"{args.table}: shapes not in benchmarks.common.SHAPES: {', '.join(unknown)}")
         print_table(payload, args.missed)
         return
+    if not args.tag or os.sep in args.tag or args.tag in (".", ".."):
+        p.error(f"--tag: a file name without a folder, got {args.tag!r}")
     if args.model:
         try:
             args.shapes = [model_shape(spec) for spec in args.model]
@@ -793,14 +908,21 @@ def main() -> None:
     if args.merge and not args.out:
         p.error("--merge writes the merged sweep: give --out DIR")
     args.impls = args.impls or list(FORMATS[args.format])
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
     if args.merge:
         try:
             payloads = [load_sweep(path) for path in args.merge]
         except ValueError as exc:
             p.error(f"--merge {exc}")
-    else:
+    if args.out:
+        try:
+            check_out_dir(args.out)
+        except ValueError as exc:
+            p.error(f"--out: {exc}")
+    if not args.merge:
+        try:
+            require_gpu("the benchmark times the kernels on one (--table and --merge need none)")
+        except ValueError as exc:
+            p.exit(2, f"{p.prog}: error: {exc}\n")
         payloads = []
         for i in range(1 if args.warm else args.runs):
             payloads.append(run(args))
@@ -822,7 +944,7 @@ def main() -> None:
         write_json(os.path.join(args.out, f"{args.tag}.json"), payload)
         try:
             plot_ratios([r for r in payload["rows"] if "ratio" in r], os.path.join(args.out, f"{args.tag}.png"),
-                        f"{payload['info']['device']}: fused MoE time / lower bound")  # fmt: skip
+                        f"{payload['info'].get('device', '?')}: fused MoE time / lower bound")  # fmt: skip
         except Exception as exc:  # matplotlib missing must not lose the JSON
             print(f"plot failed: {exc}")
     failed = [r for r in payload["rows"] if "error" in r]

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import positive_int
+
 REPO = Path(__file__).resolve().parent.parent
 TARGET_S = 1.0
 MODELS = ("deepseek-v3", "mixtral-8x7b-instruct-v0.1", "nemotron-3-nano-30b-a3b", "qwen3-30b-a3b")
@@ -31,6 +33,8 @@ PLATFORMS = (
 )
 ENVS = ("{}", "{MOE_POLICY_BACKEND: triton}", "{MOE_POLICY_BACKEND: flashinfer_cutlass}")
 RULE = "  - id: hopper-demotes-flashinfer\n"
+#: Deployments ``write_matrix`` can make, each a different combination.
+COMBINATIONS = len(ENVS) * 2 * 2 * 4 * len(PLATFORMS) * len(MODELS)
 
 
 def write_matrix(path: Path, count: int) -> None:
@@ -47,9 +51,13 @@ def write_matrix(path: Path, count: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--deployments", type=int, default=500)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--deployments", type=positive_int, default=500,
+                        help=f"how many of the {COMBINATIONS} combinations")  # fmt: skip
+    parser.add_argument("--runs", type=positive_int, default=3)
     args = parser.parse_args()
+    if args.deployments > COMBINATIONS:
+        parser.error(f"--deployments: at most {COMBINATIONS} (the different combinations), "
+                     f"got {args.deployments}")  # fmt: skip
 
     from moe_policy.planning import load_matrix, plan
 

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import check_out_file, positive_int
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = str(REPO / "configs/models/nemotron-3-nano-30b-a3b.json")
 DRY = dict(platform="cuda", capability="9.0", device_name="NVIDIA H200")
@@ -55,8 +57,12 @@ def _median_ms(samples: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/policy.json"))
-    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--runs", type=positive_int, default=15)
     args = parser.parse_args()
+    try:  # written at the end: a path that cannot be written fails before the measurement
+        check_out_file(args.out)
+    except ValueError as exc:
+        parser.error(f"--out: {exc}")
 
     imports = [_fresh(IMPORT_SNIPPET) for _ in range(args.runs)]
     import_ms = _median_ms([float(s[0]) for s in imports])

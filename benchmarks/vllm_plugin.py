@@ -18,23 +18,19 @@ import time
 import warnings
 from pathlib import Path
 
-from vllm.model_executor.layers.fused_moe.oracle.unquantized import (
-    select_unquantized_moe_backend as vllm_select,
-)
-
-from moe_policy.core.state import STATE
-from moe_policy.integrations.vllm.selection import select_unquantized_moe_backend
-from tests.integrations.vllm.harness import MODELS, Case, faked_platform, moe_config
-
-QWEN3_H200 = Case(name="qwen3-30b-a3b/h200", capability=(9, 0), **MODELS["qwen3-30b-a3b"])
+from benchmarks.common import check_out_file, positive_int
 
 
 def time_loads(select: object, layers: int, loads: int) -> list[float]:
     """Milliseconds per load of ``layers`` selections (fresh moe_policy caches each load)."""
+    from moe_policy.core.state import STATE
+    from tests.integrations.vllm.harness import MODELS, Case, faked_platform, moe_config
+
+    qwen3_h200 = Case(name="qwen3-30b-a3b/h200", capability=(9, 0), **MODELS["qwen3-30b-a3b"])
     times = []
-    with faked_platform(QWEN3_H200), warnings.catch_warnings():
+    with faked_platform(qwen3_h200), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = moe_config(QWEN3_H200)
+        config = moe_config(qwen3_h200)
         for _ in range(loads):
             STATE.selectors.clear()
             STATE.reporting.clear()
@@ -47,10 +43,24 @@ def time_loads(select: object, layers: int, loads: int) -> list[float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=48)
-    parser.add_argument("--loads", type=int, default=20)
+    parser.add_argument("--layers", type=positive_int, default=48)
+    parser.add_argument("--loads", type=positive_int, default=20)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    try:  # written at the end: a path that cannot be written fails before the timing
+        if args.out:
+            check_out_file(str(args.out))
+    except ValueError as exc:
+        parser.error(f"--out: {exc}")
+    try:  # vLLM (and the test harness that fakes its platform) only in make test-vllm's venv
+        from vllm.model_executor.layers.fused_moe.oracle.unquantized import (
+            select_unquantized_moe_backend as vllm_select,
+        )
+
+        from moe_policy.integrations.vllm.selection import select_unquantized_moe_backend
+    except ImportError as exc:
+        parser.exit(2, f"{parser.prog}: error: needs vLLM ({exc}): run it with "
+                       ".venv-vllm/bin/python after make test-vllm\n")  # fmt: skip
     logging.getLogger("vllm").setLevel(logging.ERROR)
     logging.getLogger("moe_policy").setLevel(logging.ERROR)
     vllm_ms = time_loads(vllm_select, args.layers, args.loads)

@@ -50,8 +50,12 @@ from benchmarks.common import (
     FIXED_MATMUL_TFLOPS,
     SHAPES,
     MoEShape,
+    check_out_dir,
     lower_bound_us,
+    positive_float,
     positive_int,
+    read_json,
+    require_gpu,
     routing_sets,
     write_json,
 )
@@ -100,7 +104,14 @@ class VsVllmError(Exception):
 def extract_vllm(wheel: str, dest: str) -> list[str]:
     """Write vLLM's kernel functions (``VLLM_NAMES``) as ``dest/vllm_moe.py`` and its tuned
     config files into ``dest/configs``; returns the config files' names."""
+    from moe_policy.core.textfile import check_regular
+    from moe_policy.errors import PolicyError
+
     origin = f"cli:--extract: {wheel}"
+    try:  # a FIFO or a device is refused before it is opened (zipfile would block on it)
+        check_regular(wheel)
+    except PolicyError as exc:
+        raise VsVllmError(f"{origin}: {exc.message}") from None
     try:
         with zipfile.ZipFile(wheel) as zf:
             try:
@@ -130,25 +141,41 @@ def extract_vllm(wheel: str, dest: str) -> list[str]:
         decorators = "".join(f"@{ast.get_source_segment(src, d)}\n" for d in node.decorator_list)
         parts.append(decorators + str(ast.get_source_segment(src, node)))
     out = Path(dest)
-    (out / "configs").mkdir(parents=True, exist_ok=True)
     text = _PRELUDE.format(wheel=os.path.basename(wheel)) + "\n\n".join(parts) + "\n"
-    (out / "vllm_moe.py").write_text(text)
-    for name, data in configs.items():
-        (out / "configs" / name).write_bytes(data)
+    try:
+        (out / "configs").mkdir(parents=True, exist_ok=True)
+        (out / "vllm_moe.py").write_text(text)
+        for name, data in configs.items():
+            (out / "configs" / name).write_bytes(data)
+    except OSError as exc:
+        where = exc.filename or dest
+        raise VsVllmError(f"cli:--vllm-dir: cannot write {where} "
+                          f"({exc.strerror or exc})") from None  # fmt: skip
     return sorted(configs)
 
 
-def load_vllm(vllm_dir: str) -> Any:
-    """The extracted module (``extract_vllm``) as a Python module."""
+def extracted_path(vllm_dir: str) -> Path:
+    """``vllm_dir/vllm_moe.py``; VsVllmError when there is none (no ``--extract`` yet)."""
     path = Path(vllm_dir) / "vllm_moe.py"
     if not path.is_file():
         raise VsVllmError(
             f"cli:--vllm-dir: {vllm_dir} holds no vllm_moe.py; run --extract WHEEL first"
         )
+    return path
+
+
+def load_vllm(vllm_dir: str) -> Any:
+    """The extracted module (``extract_vllm``) as a Python module; VsVllmError naming the
+    file when it is missing or does not import (Triton missing, the file edited)."""
+    path = extracted_path(vllm_dir)
     spec = importlib.util.spec_from_file_location("vllm_moe_extracted", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except (ImportError, SyntaxError) as exc:
+        raise VsVllmError(f"cli:--vllm-dir: {path}: does not import ({exc}); run --extract "
+                          "WHEEL again") from None  # fmt: skip
     return module
 
 
@@ -468,17 +495,45 @@ def markdown_table(payload: dict[str, Any], corpus: dict[str, dict[str, Any]]) -
 
 
 def load_run(path: str) -> dict[str, Any]:
-    """A saved run; VsVllmError naming the file when it is not one."""
+    """A saved run; VsVllmError naming the file (and the row) when it is not one: unreadable,
+    not JSON, no rows, a row without its shape and T, a time that is not a number > 0."""
+    origin = f"cli:--table: {path}"
     try:
-        payload = json.loads(Path(path).read_text())
-        for r in payload["rows"]:
-            if not (isinstance(r["shape"], str) and isinstance(r["T"], int)
-                    and float(r["bound_us"]) > 0 and float(r["us"]["ours"]) > 0
-                    and float(r["us"]["vllm"]) > 0):  # fmt: skip
-                raise ValueError(f"bad row {r!r}"[:200])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise VsVllmError(f"cli:--table: {path}: not a vs_vllm run ({exc!r})") from None
+        payload = read_json(path)
+    except ValueError as exc:
+        raise VsVllmError(f"cli:--table: {exc}") from None
+    rows = payload.get("rows") if isinstance(payload, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise VsVllmError(f"{origin}: not a vs_vllm run (no list of rows)")
+    for i, r in enumerate(rows):
+        problem = _row_problem(r)
+        if problem:
+            raise VsVllmError(f"{origin}: not a vs_vllm run: rows[{i}]: {problem}")
     return dict(payload)
+
+
+def _time(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _row_problem(r: Any) -> str | None:
+    """What makes ``r`` no row of a saved run, or None."""
+    if not isinstance(r, dict):
+        return f"not an object: {r!r}"[:200]
+    if not isinstance(r.get("shape"), str):
+        return f"'shape' must be a shape's name, got {r.get('shape')!r}"
+    t = r.get("T")
+    if not (isinstance(t, int) and not isinstance(t, bool) and t >= 1):
+        return f"'T' must be a token count (an integer >= 1), got {t!r}"
+    if not _time(r.get("bound_us")):
+        return f"'bound_us' must be a number > 0, got {r.get('bound_us')!r}"
+    us = r.get("us")
+    if not isinstance(us, dict):
+        return f"'us' must be an object of times by variant, got {us!r}"[:200]
+    for name in ("ours", "vllm", "ours_heur", "vllm_default"):
+        if (name in ("ours", "vllm") or name in us) and not _time(us.get(name)):
+            return f"'us.{name}' must be a number > 0, got {us.get(name)!r}"
+    return None
 
 
 def corpus_entries() -> dict[str, dict[str, Any]]:
@@ -491,8 +546,10 @@ def corpus_entries() -> dict[str, dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.vs_vllm",
                                 description=__doc__.split("\n")[0])  # fmt: skip
-    p.add_argument("--extract", metavar="WHEEL",
-                   help="no GPU: write vLLM's kernel and configs from its wheel into --vllm-dir")  # fmt: skip
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--extract", metavar="WHEEL",
+                      help="no GPU: write vLLM's kernel and configs from its wheel into "
+                           "--vllm-dir")  # fmt: skip
     p.add_argument("--vllm-dir", default=DEFAULT_VLLM_DIR,
                    help=f"the extracted kernel and configs (default {DEFAULT_VLLM_DIR})")  # fmt: skip
     p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
@@ -500,11 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=positive_int, default=6)
     p.add_argument("--jobs", type=positive_int, default=min(16, os.cpu_count() or 1),
                    help="compile workers")  # fmt: skip
-    p.add_argument("--deadline", type=float, default=math.inf, metavar="S",
+    p.add_argument("--deadline", type=positive_float, default=math.inf, metavar="S",
                    help="stop starting new points after S seconds (the JSON keeps the others)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="write vs_vllm.json here, after every point")
-    p.add_argument("--table", metavar="JSON",
-                   help="no GPU: print a saved run as the docs' table and every missed target")  # fmt: skip
+    mode.add_argument("--table", metavar="JSON",
+                      help="no GPU: print a saved run as the docs' table and every missed "
+                           "target")  # fmt: skip
     args = p.parse_args(argv)
     try:
         if args.table:
@@ -519,13 +577,17 @@ def main(argv: list[str] | None = None) -> int:
             names = extract_vllm(args.extract, args.vllm_dir)
             print(f"# wrote {args.vllm_dir}/vllm_moe.py and {len(names)} config files")
             return 0
-        module = load_vllm(args.vllm_dir)
-        import torch
-
-        if not torch.cuda.is_available():
-            raise VsVllmError("no CUDA GPU: the comparison times both kernels on one GPU")
+        extracted_path(args.vllm_dir)
         if args.out:
-            os.makedirs(args.out, exist_ok=True)
+            try:
+                check_out_dir(args.out)
+            except ValueError as exc:
+                raise VsVllmError(f"cli:--out: {exc}") from None
+        try:
+            require_gpu("the comparison times both kernels on one GPU")
+        except ValueError as exc:
+            raise VsVllmError(str(exc)) from None
+        module = load_vllm(args.vllm_dir)
     except VsVllmError as exc:
         print(f"vs_vllm: error: {exc}", file=sys.stderr)
         return 2

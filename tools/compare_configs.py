@@ -36,10 +36,13 @@ from benchmarks.common import (
     SHAPES,
     MoEShape,
     add_shape_args,
+    check_out_dir,
     duty_fraction,
     lower_bound_us,
     measure_ceilings,
     positive_int,
+    read_json,
+    require_gpu,
     routing_sets,
     time_graphs_interleaved,
 )
@@ -52,11 +55,12 @@ from moe_policy.experts.triton.config import (
     get_config,
     heuristic_config,
     is_decode_batch,
+    read_tuned_file,
     smem_bytes,
 )
 from moe_policy.experts.triton.tuning.inputs import call_layer
 from tools.layer import compile_configs, layer, layer_lora
-from tools.tune_triton import write_config_file
+from tools.tune_triton import configs_by_shape, write_config_file
 
 
 def _shipped(shape: MoEShape, t: int, device: str) -> MoEConfig:
@@ -205,25 +209,44 @@ def best_entries(
 def write_best(best_path: str, config_dir: str) -> list[str]:
     """Merge ``compare_best.json`` (any mode but ``--lora``) into the tuned files of ``config_dir``
     (each ``shape/T`` entry replaces or adds key T of that shape's file, as the tuner writes
-    them); returns the files. A shape without a tuned file is refused."""
-    with open(best_path) as f:
-        payload = json.load(f)
-    tables: dict[str, dict[str, Any]] = {}
-    for key, entry in payload["best"].items():
-        name, t = key.split("/")
-        MoEConfig.from_dict(entry["config"])  # refuse a malformed entry before writing
-        tables.setdefault(name, {})[t] = entry["config"]
-    written = []
-    for name, table in tables.items():
+    them); returns the files. ValueError naming the file, and nothing written, when it is not
+    a ``compare_best.json``, an entry's config is malformed, or a shape has no tuned file (or
+    one that is not a tuned file) to merge into."""
+    payload = read_json(best_path)
+    if not (isinstance(payload, dict) and isinstance(payload.get("device"), str)
+            and isinstance(payload.get("best"), dict)):  # fmt: skip
+        raise ValueError(f"{best_path}: not a compare_best.json (no 'device' and 'best')")
+    tables = configs_by_shape(best_path, "best", payload["best"], "config")
+    versions = {}
+    for name in tables:
         shape = SHAPES[name]
         path = os.path.join(config_dir, config_file_name(shape.num_experts, shape.inter,
                                                          payload["device"]))  # fmt: skip
-        if not os.path.exists(path):
-            raise SystemExit(f"{path}: no tuned file to merge {name} into; run tools.tune_triton")
-        with open(path) as f:
-            version = json.load(f)["triton_version"]
-        written.append(write_config_file(shape, table, payload["device"], version, config_dir))
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: no tuned file to merge {name} into; run tools.tune_triton")
+        try:
+            read_tuned_file(path)
+            with open(path) as f:
+                versions[name] = str(json.load(f).get("triton_version", "?"))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{path}: cannot merge {name} into it ({exc})") from None
+    written = [
+        write_config_file(SHAPES[name], table, payload["device"], versions[name], config_dir)
+        for name, table in tables.items()
+    ]
     return sorted(written)
+
+
+def gain_fraction(text: str) -> float:
+    """argparse type of ``--min-gain``: a fraction in [0, 1) (a negative gain would keep a
+    variant slower than shipped)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= x < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
+    return x
 
 
 def _label(variant: str, lora: bool) -> str:
@@ -249,7 +272,7 @@ def main() -> None:
                    help="time every variant without and with LoRA in the same rounds; "
                         "compare_best.json keeps a variant that wins one layer by --min-gain "
                         "and loses at most 0.5%% on the other")  # fmt: skip
-    p.add_argument("--jobs", type=int, default=12)
+    p.add_argument("--jobs", type=positive_int, default=12, help="compile workers")
     p.add_argument("--out", default=".",
                    help="folder of compare_configs.json and compare_best.json")  # fmt: skip
     p.add_argument("--decode-search", action="store_true",
@@ -259,7 +282,7 @@ def main() -> None:
                         "--decode-search")  # fmt: skip
     p.add_argument(
         "--min-gain",
-        type=float,
+        type=gain_fraction,
         default=0.02,
         help="compare_best.json keeps a variant only when this much faster than shipped",
     )
@@ -270,16 +293,29 @@ def main() -> None:
     )
     args = p.parse_args()
     if args.write_best:
-        for path in write_best(args.write_best, str(CONFIG_DIR)):
+        try:
+            written = write_best(args.write_best, str(CONFIG_DIR))
+        except ValueError as exc:
+            p.error(f"--write-best {exc}")
+        for path in written:
             print(f"# wrote {path}")
+        if not written:
+            print(f"# {args.write_best} has no entries: nothing merged")
         return
+    try:
+        check_out_dir(args.out)
+    except ValueError as exc:
+        p.error(f"--out: {exc}")
+    try:
+        device = require_gpu("the comparison times the layers on the GPU the configs are for")
+    except ValueError as exc:
+        p.exit(2, f"{p.prog}: error: {exc}\n")
 
     import multiprocessing as mp
 
     import torch
 
     start = time.time()
-    device = torch.cuda.get_device_name()
     make = (
         decode_tile_search if args.decode_tiles
         else decode_search if args.decode_search else variants
@@ -287,6 +323,11 @@ def main() -> None:
     plan = {(s, t): make(SHAPES[s], t, device) for s in args.shapes for t in args.tokens}
     plan = {st: vs for st, vs in plan.items() if len(vs) > 1}  # nothing to compare otherwise
     if args.variants:
+        offered = {n for vs in plan.values() for n in vs}
+        unknown = sorted(set(args.variants) - offered)
+        if unknown:
+            p.error(f"--variants: no point offers {', '.join(unknown)} (offered: "
+                    f"{', '.join(sorted(offered - {'shipped'})) or 'none'})")  # fmt: skip
         keep = {"shipped", *args.variants}
         plan = {st: {n: c for n, c in vs.items() if n in keep} for st, vs in plan.items()}
     modes = [False, True] if args.with_lora else [args.lora]

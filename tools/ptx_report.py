@@ -172,15 +172,17 @@ def scalar_global_loads(ops: Counter[str]) -> int:
 
 
 def ptxas_usage(ptx: str, arch: int = 90) -> tuple[int, int]:
-    """(registers, spill store bytes) from ``ptxas -v`` on ``ptx``."""
-    from triton.backends.nvidia.compiler import get_ptxas
+    """(registers, spill store bytes) from ``ptxas -v`` on ``ptx`` (for ``sm_<arch>``, with
+    the ``a`` suffix from sm_90 on, as Triton compiles: there is no ``sm_80a``)."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
         out = subprocess.run(
-            [get_ptxas(arch).path, "-v", f"-arch=sm_{arch}a", src, "-o", src + ".cubin"],
+            [get_ptxas(arch).path, "-v", f"-arch={sm_arch_from_capability(arch)}", src, "-o",
+             src + ".cubin"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
     regs = re.search(r"Used (\d+) registers", out.stderr)
@@ -214,6 +216,44 @@ def report(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: Compute capabilities ``--arch`` compiles for (bf16 MMAs need sm_80; LLVM aborts the whole
+#: process on an architecture it does not know).
+ARCHS = (80, 86, 87, 89, 90, 100, 103, 110, 120, 121)
+#: ``--align-bins``: powers of two up to the bins of 1,024 experts (``moe_align`` launches
+#: ``next_power_of_2(experts + 1)`` bins).
+MAX_ALIGN_BINS = 2048
+
+
+def tile_problem(args: argparse.Namespace) -> str | None:
+    """What makes the flags no tile the kernels launch (the checks a tuned config gets,
+    ``MoEConfig``), naming the flag; None when they are one."""
+    from moe_policy.experts.triton.config import GemmConfig, MoEConfig
+
+    if args.arch not in ARCHS:
+        return f"--arch: one of {', '.join(map(str, ARCHS))}, got {args.arch}"
+    if args.align_bins:
+        b = args.align_bins
+        if not 2 <= b <= MAX_ALIGN_BINS or b & (b - 1):
+            return f"--align-bins: a power of two from 2 to {MAX_ALIGN_BINS}, got {b}"
+    persistent = args.persistent or args.stream_k
+    tail = 0 if args.naive or persistent or args.align_bins else args.tail_m
+    g = GemmConfig(16, 16)
+    for flag, make in (
+        ("--block-n", lambda: GemmConfig(args.block_n, 16)),
+        ("--block-n2", lambda: GemmConfig(args.block_n2, 16)),
+        ("--block-k", lambda: GemmConfig(16, args.block_k)),
+        ("--warps", lambda: GemmConfig(16, 16, num_warps=args.warps)),
+        ("--stages", lambda: GemmConfig(16, 16, num_stages=args.stages)),
+        ("--block-m", lambda: MoEConfig(args.block_m, g, g)),
+        ("--tail-m", lambda: MoEConfig(args.block_m, g, g, tail_m=tail)),
+    ):
+        try:
+            make()
+        except ValueError as exc:
+            return f"{flag}: {exc}"
+    return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lora", action="store_true", help="with LoRA (and report the x shrink)")
@@ -237,6 +277,9 @@ def main() -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args()
+    problem = tile_problem(args)
+    if problem:
+        p.error(problem)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("ptx_report compiles for a GPU target: unset TRITON_INTERPRET")
     rep = report(args)

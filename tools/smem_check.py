@@ -34,7 +34,15 @@ from types import ModuleType
 from typing import Any
 from unittest import mock
 
-from benchmarks.common import LORA_RANK, LORA_SLOTS, SHAPES, MoEShape, add_shape_args, positive_int
+from benchmarks.common import (
+    LORA_RANK,
+    LORA_SLOTS,
+    SHAPES,
+    MoEShape,
+    add_shape_args,
+    check_out_file,
+    positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -398,6 +406,12 @@ def main() -> None:
     p.add_argument("--summary-json", metavar="PATH",
                    help="write the per part/dtype/format summary as JSON")  # fmt: skip
     args = p.parse_args()
+    for flag, path in (("--json", args.json), ("--summary-json", args.summary_json)):
+        try:  # written after every compile: a path that cannot be written fails now
+            if path:
+                check_out_file(path)
+        except ValueError as exc:
+            p.error(f"{flag}: {exc}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("smem_check compiles for a GPU target: unset TRITON_INTERPRET")
     calls = [

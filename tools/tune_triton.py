@@ -26,7 +26,18 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from benchmarks.common import SHAPES, MoEShape, add_shape_args, kernel_times, routing_sets
+from benchmarks.common import (
+    SHAPES,
+    MoEShape,
+    add_shape_args,
+    check_out_dir,
+    kernel_times,
+    nonnegative_int,
+    positive_float,
+    read_json,
+    require_gpu,
+    routing_sets,
+)
 from moe_policy.experts.triton.config import (
     GemmConfig,
     MoEConfig,
@@ -35,6 +46,7 @@ from moe_policy.experts.triton.config import (
     default_tail_m,
     fit_stages,
     heuristic_config,
+    read_tuned_file,
 )
 from moe_policy.experts.triton.tuning.inputs import call_layer
 from tools.layer import compile_configs, layer
@@ -168,11 +180,12 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
     keeps its entries for token counts this run did not tune (such as decode entries from
     ``tools.compare_configs --decode-search``); a replaced entry's ``trigger`` or ``persistent`` is
     reported, since kernel-by-kernel timing cannot choose them."""
-    path = os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
+    path = check_tuned_file(shape, device, out)
     merged: dict[str, Any] = {}
     if os.path.exists(path):
         with open(path) as f:
-            merged = json.load(f)["configs"]
+            raw = json.load(f)
+        merged = raw.get("configs", raw)
         kept = sorted(set(merged) - set(table), key=int)
         if kept:
             print(f"# {os.path.basename(path)}: kept entries {kept} (not tuned in this run)")
@@ -193,17 +206,65 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
     return path
 
 
+def check_tuned_file(shape: MoEShape, device: str, out: str) -> str:
+    """The path of the shape's tuned file in ``out``; ValueError naming it when a file there
+    is not a tuned file (a run would fail on it only when writing, its tuning lost)."""
+    path = os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
+    if os.path.exists(path):
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: not a regular file; move it away")
+        try:
+            read_tuned_file(path)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; move it away") from None
+    return path
+
+
+def configs_by_shape(
+    path: str, section: str, entries: dict[str, Any], field: str
+) -> dict[str, dict[str, Any]]:
+    """``{shape: {T: config}}`` from ``entries`` keyed ``<shape>/<T>``, each entry's config
+    under ``field``; ValueError naming ``path``, ``section`` and the entry when a key is not
+    a known shape and token count or a config is malformed (nothing is written then)."""
+    tables: dict[str, dict[str, Any]] = {}
+    for key, entry in entries.items():
+        name, _, t = key.partition("/")
+        if name not in SHAPES or not t.isdigit() or int(t) < 1:
+            raise ValueError(f"{path}: {section}: {key!r} is not <shape>/<token count> of a "
+                             "shape in benchmarks.common.SHAPES")  # fmt: skip
+        config = entry.get(field) if isinstance(entry, dict) else None
+        if not isinstance(config, dict):
+            raise ValueError(f"{path}: {section}.{key}: no {field!r}")
+        try:
+            MoEConfig.from_dict(config)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {section}.{key}.{field}: {exc}") from None
+        tables.setdefault(name, {})[str(int(t))] = config
+    return tables
+
+
+def read_log(log_path: str) -> tuple[str, str, dict[str, dict[str, Any]]]:
+    """(device, Triton version, per shape name its best configs by token count) of a
+    ``tune_log.json``; ValueError naming the file and entry when it is not one."""
+    logs = read_json(log_path)
+    if not (isinstance(logs, dict) and isinstance(logs.get("device"), str)
+            and isinstance(logs.get("triton"), str) and isinstance(logs.get("points"), dict)):  # fmt: skip
+        raise ValueError(f"{log_path}: not a tune_log.json (no 'device', 'triton' and 'points')")
+    tables = configs_by_shape(log_path, "points", logs["points"], "best")
+    if not tables:
+        raise ValueError(f"{log_path}: no points")
+    return logs["device"], logs["triton"], tables
+
+
 def write_from_log(log_path: str, out: str) -> None:
     """Config files from a tuning log: ``tune_log.json`` keeps each point's best config, so the
-    files can be written on another machine than the GPU one that tuned."""
-    with open(log_path) as f:
-        logs = json.load(f)
-    tables: dict[str, dict[str, Any]] = {}
-    for key, point in logs["points"].items():
-        name, t = key.split("/")
-        tables.setdefault(name, {})[t] = point["best"]
+    files can be written on another machine than the GPU one that tuned. ValueError naming
+    the file when the log, or a tuned file already in ``out``, is not one (nothing written)."""
+    device, version, tables = read_log(log_path)
+    for name in tables:
+        check_tuned_file(SHAPES[name], device, out)
     for name, table in tables.items():
-        path = write_config_file(SHAPES[name], table, logs["device"], logs["triton"], out)
+        path = write_config_file(SHAPES[name], table, device, version, out)
         print(f"# wrote {path}")
 
 
@@ -211,19 +272,41 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shape_args(p)
     p.add_argument("--out", default=".", help="folder of the tuned files and tune_log.json")
-    p.add_argument("--jobs", type=int, default=8, help="compile workers (0: compile while timing)")
+    p.add_argument("--jobs", type=nonnegative_int, default=8,
+                   help="compile workers (0: compile while timing)")  # fmt: skip
     p.add_argument(
-        "--deadline-s", type=float, default=1e9, help="stop timing new points after this"
+        "--deadline-s", type=positive_float, default=1e9, help="stop timing new points after this"
     )
     p.add_argument("--from-log", help="write the config files of a tune_log.json and exit")
     args = p.parse_args()
+    try:
+        check_out_dir(args.out)
+    except ValueError as exc:
+        p.error(f"--out: {exc}")
     if args.from_log:
+        try:
+            device, _, tables = read_log(args.from_log)
+        except ValueError as exc:
+            p.error(f"--from-log {exc}")
+        try:
+            for name in tables:
+                check_tuned_file(SHAPES[name], device, args.out)
+        except ValueError as exc:
+            p.error(f"--out: {exc}")
         write_from_log(args.from_log, args.out)
         return
+    try:
+        device = require_gpu("tuning times the kernels on the GPU they are tuned for")
+    except ValueError as exc:
+        p.exit(2, f"{p.prog}: error: {exc}\n")
+    try:
+        for s in args.shapes:  # a file there that is not a tuned file stops the run now
+            check_tuned_file(SHAPES[s], device, args.out)
+    except ValueError as exc:
+        p.error(f"--out: {exc}")
 
     import multiprocessing as mp
 
-    import torch
     import triton
 
     start = time.time()
@@ -240,7 +323,6 @@ def main() -> None:
                 pool.map(compile_configs, tasks, chunksize=max(1, len(tasks) // (4 * args.jobs)))
             )
         print(f"# compiled in {time.time() - start:.0f}s ({bad} failed)", flush=True)
-    device = torch.cuda.get_device_name()
     logs: dict[str, Any] = {"device": device, "triton": triton.__version__, "points": {}}
     for s in args.shapes:
         shape = SHAPES[s]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,27 +125,23 @@ def model_shape(spec: str, tp: int, ep: int) -> tuple[MoEShape, str]:
 
 def writable_dir(path: str, origin: str) -> str:
     """``path`` created if missing and checked writable (a file is written and removed)."""
+    from moe_policy.experts.triton.tuning.preflight import writable_dir as checked
+
     try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".tune-check-"):
-            pass
-    except OSError as exc:
-        raise TuneError(f"{origin}: cannot write to {path!r} ({exc.strerror or exc})") from None
-    return path
+        return checked(path)
+    except ValueError as exc:
+        raise TuneError(f"{origin}: {exc}") from None
 
 
 def require_gpu() -> str:
     """The CUDA device's name; TuneError without torch or a GPU (tuning times the GPU it
     tunes for)."""
+    from moe_policy.experts.triton.tuning.preflight import cuda_device_name
+
     try:
-        import torch
-    except ImportError:
-        raise TuneError(
-            "the kernels are not installed: pip install 'moe-policy[kernels]'"
-        ) from None
-    if not torch.cuda.is_available():
-        raise TuneError("no CUDA GPU: tuning times the kernels on the GPU they will run on")
-    return str(torch.cuda.get_device_name())
+        return cuda_device_name("tuning times the kernels on the GPU they will run on")
+    except ValueError as exc:
+        raise TuneError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,6 +165,11 @@ def run(args: argparse.Namespace) -> int:
         kept = set(kept_configs(tuned_file_path(shape, device, out))) - set(args.tokens)
     except ValueError as exc:
         raise TuneError(f"{origin}: {exc}; move it away or tune into another directory") from None
+    for name in ("tune_report.json", "tune_report.png"):  # written after the tuning
+        report = os.path.join(out, name)
+        if os.path.exists(report) and not os.path.isfile(report):
+            raise TuneError(f"{origin}: {report} is not a regular file; move it away or tune "
+                            "into another directory")  # fmt: skip
     if kept:
         print(f"# keeping the file's entries for T={sorted(kept)}", flush=True)
 

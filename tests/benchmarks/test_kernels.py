@@ -3,6 +3,8 @@ overhead's pairing and its usage errors."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
 
@@ -73,7 +75,7 @@ def test_merge_writes_the_median_of_saved_sweeps(tmp_path, monkeypatch, capsys):
     (tmp_path / "other.json").write_text('{"rows": []}')
     for name, msg in [("bad.json", r"bad.json:2:\d+: not JSON"),
                       ("other.json", r"other.json: not a benchmarks.kernels sweep \(no info, ceilings\)"),
-                      ("gone.json", r"gone.json: No such file")]:  # fmt: skip
+                      ("gone.json", r"gone.json: file not found")]:  # fmt: skip
         monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", "--merge", str(tmp_path / name),
                                           "--out", str(tmp_path)])  # fmt: skip
         with pytest.raises(SystemExit) as exc:
@@ -112,11 +114,12 @@ def test_lora_overhead_comes_from_one_interleaved_timing_of_both_layers(monkeypa
 
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
-    [("--runs", "0", "must be at least 1, got '0'"), ("--replays", "-3", "must be at least 1"),
-     ("--runs", "two", "not an integer: 'two'")],
+    [("--runs", "0", "must be at least 1, got '0'"), ("--replays", "-3", "must be at least 2"),
+     ("--replays", "1", "must be at least 2, got '1'"), ("--runs", "two", "not an integer: 'two'")],
 )  # fmt: skip
 def test_kernels_counts_below_one_are_usage_errors(flag, value, message, monkeypatch, capsys):
-    """--runs 0 would leave no sweep to write (an IndexError before this check)."""
+    """--runs 0 would leave no sweep to write (an IndexError before this check); --replays 1
+    would fail every row on the GPU (its p20/p80 need two replays)."""
     monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", flag, value])
     with pytest.raises(SystemExit) as exc:
         kernels.main()
@@ -163,3 +166,88 @@ def test_a_failed_row_makes_the_exit_status_one_after_writing(tmp_path, monkeypa
     with pytest.raises(SystemExit, match="1 of 2 rows failed"):
         kernels.main()
     assert json.loads((tmp_path / "merged.json").read_text())["rows"][1] == error
+
+
+def _main_error(monkeypatch, capsys, *argv: str) -> str:
+    """``benchmarks.kernels`` run with ``argv``: exit 2, no traceback; its error line."""
+    monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", *argv])
+    with pytest.raises(SystemExit) as exc:
+        kernels.main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_a_run_without_a_gpu_says_so(monkeypatch, capsys):
+    """Without a CUDA GPU a sweep was a traceback from torch.cuda ("Torch not compiled with
+    CUDA enabled"); the --out folder is checked before."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    line = _main_error(monkeypatch, capsys, "--shapes", "mixtral-8x7b", "--tokens", "1")
+    assert line.endswith("error: no CUDA GPU: the benchmark times the kernels on one "
+                         "(--table and --merge need none)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--held", "-1"], "argument --held: must be at least 0, got '-1'"),
+     (["--held", "inf"], "argument --held: must be a finite number, got 'inf'"),
+     (["--held", "nan"], "argument --held: must be a finite number, got 'nan'"),
+     (["--tag", "a/b"], "--tag: a file name without a folder, got 'a/b'"),
+     (["--tag", ""], "--tag: a file name without a folder, got ''"),
+     (["--missed"], "--missed goes with --table"),
+     (["--table", "x.json", "--merge", "y.json"], "argument --merge: not allowed with argument "
+      "--table")],
+    ids=["held-negative", "held-inf", "held-nan", "tag-folder", "tag-empty", "missed",
+         "table-and-merge"],
+)  # fmt: skip
+def test_flags_that_would_hang_or_be_ignored_are_usage_errors(monkeypatch, capsys, argv,
+                                                              message):  # fmt: skip
+    """--held inf held the GPU forever, a negative or NaN --held skipped silently, a --tag with
+    a folder failed at the end of the sweep, --missed without --table was ignored."""
+    assert _main_error(monkeypatch, capsys, *argv).endswith(message)
+
+
+def test_an_out_that_is_a_file_is_named_before_any_work(tmp_path, monkeypatch, capsys):
+    """--out FILE was a FileExistsError traceback from os.makedirs."""
+    path = tmp_path / "k_run1.json"
+    path.write_text(json.dumps(_payload(4.0, [_row(8, 1.2)])))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = _main_error(monkeypatch, capsys, "--merge", str(path), "--out", str(blocker))
+    assert line.endswith(f"error: --out: cannot write to '{blocker}' (not a directory)")
+
+
+def test_merge_refuses_a_fifo_and_an_empty_sweep(tmp_path, monkeypatch, capsys):
+    """A FIFO given to --merge blocked forever; a sweep without rows was merged into a file
+    of none (exit 0)."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps(_payload(4.0, [])))
+    for path, why in [(fifo, "cannot read file: it is a FIFO, not a regular file"),
+                      (empty, "not a benchmarks.kernels sweep ('rows' is not a non-empty list)")]:  # fmt: skip
+        line = _main_error(monkeypatch, capsys, "--merge", str(path), "--out", str(tmp_path))
+        assert line.endswith(f"error: --merge {path}: {why}")
+    assert not (tmp_path / "kernels.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [({"quantization_config": {"quant_method": "fp8"}},
+      "the Triton kernels run bf16/fp16 experts; this model's are quantized (fp8)"),
+     ({"num_experts": 2048}, "2048 experts per rank; the kernels run at most 1024")],
+)  # fmt: skip
+def test_model_the_kernels_cannot_run_is_refused(tmp_path, monkeypatch, capsys, over, message):
+    """--model took a quantized model (timed as bf16 weights: not its layer) or one with more
+    experts than the kernels run, as moe-policy tune refuses them."""
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+           "num_experts": 128, "num_experts_per_tok": 8, "hidden_size": 4096,
+           "moe_intermediate_size": 1536, "hidden_act": "silu", **over}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    monkeypatch.setattr(kernels, "SHAPES", dict(kernels.SHAPES))
+    line = _main_error(monkeypatch, capsys, "--model", str(path))
+    assert line.endswith(f"error: --model {path}: {message}")

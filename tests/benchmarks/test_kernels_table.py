@@ -4,6 +4,7 @@ targets of a standard sweep, the table of a batched one."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,74 @@ def test_table_reads_a_batched_sweep_saved_with_meta(tmp_path):
     out = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--table", str(path)],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout  # fmt: skip
     assert out.splitlines()[1].split()[-2:] == ["48.0", "(1.20x)"]
+
+
+_SHAPE = {"name": "m", "num_experts": 8, "hidden": 64, "inter": 64, "top_k": 2, "gated": True,
+          "activation": "silu"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [({"info": {}, "ceilings": {}, "rows": []}, "not a benchmarks.kernels sweep ('rows' is not "
+      "a non-empty list)"),
+     ({"info": [], "ceilings": {}, "rows": [{}]}, "('info' is not an object)"),
+     ({"info": {}, "ceilings": {}, "rows": [1]}, "rows[0]: not an object: 1"),
+     ({"info": {}, "ceilings": {}, "rows": [{"shape": "mixtral-8x7b"}]},
+      "rows[0]: 'T' must be a token count (an integer >= 1), got None"),
+     ({"info": {}, "ceilings": {}, "rows": [{"shape": "mixtral-8x7b", "T": "1", "impl": "triton"}]},
+      "rows[0]: 'T' must be a token count"),
+     ({"info": {}, "ceilings": {}, "rows": [{"shape": "mixtral-8x7b", "T": 1, "impl": "nope"}]},
+      "rows[0]: 'impl' must be one of triton, "),
+     ({"info": {}, "ceilings": {}, "rows": [{"shape": "mixtral-8x7b", "T": 1, "impl": "triton",
+                                             "us": "x"}]},
+      "rows[0]: 'us' must be a finite number, got 'x'"),
+     ({"info": {}, "ceilings": {}, "rows": [{"shape": "mixtral-8x7b", "T": 1, "impl": "triton",
+                                             "us": 10.0}]},
+      "rows[0] (mixtral-8x7b T=1 triton): no tflops, extra_mem_bytes, mem_limit_bytes"),
+     ({"info": {"shapes": {"m": {"name": "m"}}}, "ceilings": {},
+       "rows": [{"shape": "m", "T": 1, "impl": "triton"}]},
+      "info.shapes.m: missing ['activation', 'gated', 'hidden', 'inter', 'num_experts', 'top_k']"),
+     ({"info": {"shapes": {"m": {**_SHAPE, "num_experts": 0}}}, "ceilings": {},
+       "rows": [{"shape": "m", "T": 1, "impl": "triton"}]},
+      "info.shapes.m: 'num_experts' must be an integer >= 1, got 0"),
+     ({"meta": [], "rows": []}, "('meta' must be an object, 'rows' a list of objects)")],
+    ids=["no-rows", "info-list", "row-int", "no-T", "T-string", "unknown-impl", "us-string",
+         "no-memory", "shape-fields", "shape-zero", "meta-list"],
+)  # fmt: skip
+def test_table_refuses_what_is_no_sweep_naming_file_and_row(tmp_path, monkeypatch, capsys,
+                                                             payload, message):  # fmt: skip
+    """A saved sweep is checked before it is printed: a row the table cannot read was a
+    traceback (a string figure, a missing field), an empty one a table of nothing, exit 0."""
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(payload))
+    monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", "--table", str(path)])
+    with pytest.raises(SystemExit) as exc:
+        kt.main()
+    assert exc.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in last and f": error: --table {path}: " in last, last
+
+
+def test_table_refuses_a_fifo_without_blocking(tmp_path):
+    fifo = tmp_path / "sweep.json"
+    os.mkfifo(fifo)
+    res = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--table", str(fifo)],
+                         capture_output=True, text=True, cwd=REPO, timeout=20)  # fmt: skip
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert (
+        res.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"error: --table {fifo}: cannot read file: it is a FIFO, not a regular file")
+    )
+
+
+def test_table_of_a_sweep_with_a_recorded_model_shape(tmp_path, capsys, monkeypatch):
+    """A --model sweep records its shape; --table reads it from the file (a valid one)."""
+    row = {"shape": "m", "T": 1, "impl": "triton", "us": 5.0, "tflops": 1.0,
+           "extra_mem_bytes": 1, "mem_limit_bytes": 2}  # fmt: skip
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"info": {"shapes": {"m": _SHAPE}}, "ceilings": {}, "rows": [row]}))
+    monkeypatch.setattr(kt, "SHAPES", dict(kt.SHAPES))  # the file's shape is registered
+    monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", "--table", str(path)])
+    kt.main()
+    assert "| m | 5.0 µs" in capsys.readouterr().out

@@ -84,7 +84,7 @@ def test_extract_takes_the_kernel_and_bf16_configs_only(tmp_path):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda d: d / "missing.whl", "No such file"),
+        (lambda d: d / "missing.whl", "file not found"),
         (lambda d: (d / "text.whl").write_text("not a zip") and d / "text.whl", "zip"),
         (lambda d: _wheel(d, module=None), "not a vLLM wheel"),
         (lambda d: _wheel(d, module="def get_default_config():\n    pass\n"),
@@ -162,3 +162,87 @@ def test_table_refuses_a_file_that_is_not_a_run(tmp_path, capsys):
     assert vs_vllm.main(["--table", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"cli:--table: {bad}: not a vs_vllm run" in err
+
+
+_GOOD_ROW = {"shape": "s", "T": 1, "bound_us": 1.0, "us": {"ours": 1.0, "vllm": 1.0}}
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [({"rows": []}, "not a vs_vllm run (no list of rows)"),
+     ([1, 2], "not a vs_vllm run (no list of rows)"),
+     ({"rows": [{**_GOOD_ROW, "T": True}]},
+      "rows[0]: 'T' must be a token count (an integer >= 1), got True"),
+     ({"rows": [{**_GOOD_ROW, "us": {"ours": "1", "vllm": 1.0}}]},
+      "rows[0]: 'us.ours' must be a number > 0, got '1'"),
+     ({"rows": [{**_GOOD_ROW, "us": {"ours": 1e400, "vllm": 1.0}}]},
+      "rows[0]: 'us.ours' must be a number > 0, got inf"),
+     ({"rows": [{**_GOOD_ROW, "us": {"ours": 1.0, "vllm": 1.0, "ours_heur": "x"}}]},
+      "rows[0]: 'us.ours_heur' must be a number > 0, got 'x'"),
+     ({"rows": [{**_GOOD_ROW, "bound_us": "nan"}]},
+      "rows[0]: 'bound_us' must be a number > 0, got 'nan'")],
+    ids=["no-rows", "a-list", "T-bool", "us-string", "us-inf", "heuristic-string", "bound-nan"],
+)  # fmt: skip
+def test_table_checks_every_row_it_prints(tmp_path, capsys, payload, message):
+    """A time the table formats or compares was a traceback as a string, an infinite time read
+    as "inf % slower", a run without rows printed an empty table and "every target met"."""
+    bad = tmp_path / "run.json"
+    bad.write_text(json.dumps(payload).replace("Infinity", "1e400"))
+    assert vs_vllm.main(["--table", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"vs_vllm: error: cli:--table: {bad}: ")
+    assert message in err
+
+
+def test_table_and_extract_refuse_a_fifo_without_blocking(tmp_path):
+    """--table and --extract on a FIFO blocked forever (json and zipfile read it)."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for flag in ("--table", "--extract"):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.vs_vllm", flag, str(fifo)],
+                             capture_output=True, text=True, cwd=REPO, timeout=20)  # fmt: skip
+        assert out.returncode == 2, out.stderr
+        assert out.stderr == (f"vs_vllm: error: cli:{flag}: {fifo}: cannot read file: it is a "
+                              "FIFO, not a regular file\n")  # fmt: skip
+
+
+def test_extract_into_a_folder_it_cannot_write_names_it(tmp_path, capsys):
+    """--vllm-dir naming a file was a NotADirectoryError traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert vs_vllm.main(["--extract", str(_wheel(tmp_path)), "--vllm-dir", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"vs_vllm: error: cli:--vllm-dir: cannot write {blocker}/configs (Not a directory)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--deadline", "nan"], "argument --deadline: must be a finite number, got 'nan'"),
+     (["--deadline", "-5"], "argument --deadline: must be greater than 0, got '-5'"),
+     (["--table", "a.json", "--extract", "b.whl"],
+      "argument --extract: not allowed with argument --table")],
+)  # fmt: skip
+def test_flags_that_would_be_ignored_are_usage_errors(capsys, argv, message):
+    """--deadline nan never stopped a run and --deadline -5 stopped it before the first point;
+    --extract beside --table was ignored."""
+    with pytest.raises(SystemExit) as exc:
+        vs_vllm.main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+
+
+def test_an_out_that_is_a_file_is_named_before_the_gpu_check(tmp_path, capsys):
+    pytest.importorskip("triton")
+    vs_vllm.extract_vllm(str(_wheel(tmp_path)), str(tmp_path / "x"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert vs_vllm.main(["--vllm-dir", str(tmp_path / "x"), "--out", str(blocker)]) == 2
+    assert capsys.readouterr().err == (
+        f"vs_vllm: error: cli:--out: cannot write to '{blocker}' (not a directory)\n"
+    )

@@ -159,3 +159,49 @@ def test_a_file_that_is_not_a_tuned_file_stops_the_run_before_tuning(tmp_path, m
     msg = str(err.value)
     assert msg.startswith(f"cli:--out: {bad}: not a tuned config file") and "move it away" in msg
     assert bad.read_text() == '{"configs": {"1": {"block_m": 16}}}'
+
+
+def test_an_out_that_is_a_file_says_so(hf_config, tmp_path):
+    """An existing file as --out read "(File exists)", which does not say what is wrong."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = error_line(run_tune("--model", hf_config(), "--out", str(blocker)))
+    assert line.endswith(f"cli:--out: cannot write to '{blocker}' (not a directory)")
+
+
+@pytest.mark.parametrize("what", ["fifo", "report-dir"])
+def test_what_the_run_would_block_on_or_fail_to_write_stops_it_first(tmp_path, monkeypatch,
+                                                                      what):  # fmt: skip
+    """A FIFO where the tuned file goes blocked the run's read of the earlier file forever; a
+    directory named tune_report.json failed the run after the tuning (a traceback). Both stop
+    it before any tuning now (the GPU check replaced, as above)."""
+    import os
+    import signal
+
+    s = SHAPES["qwen3-235b-a22b"]
+    if what == "fifo":
+        bad = Path(report.tuned_file_path(s, "NVIDIA H200", str(tmp_path)))
+        os.mkfifo(bad)
+        want = f"cli:--out: {bad}: not a tuned config file (not a regular file)"
+    else:
+        bad = tmp_path / "tune_report.json"
+        bad.mkdir()
+        want = f"cli:--out: {bad} is not a regular file"
+    monkeypatch.setattr(tune_cli, "require_gpu", lambda: "NVIDIA H200")
+    monkeypatch.setattr(tune_cli, "model_shape", lambda *a: (s, "none"))
+    monkeypatch.setattr(search, "tune", lambda *a: pytest.fail("tuned despite the bad path"))
+    args = argparse.Namespace(model="qwen3-30b-a3b", tp=1, ep=1, tokens=[1], lora=False,
+                              out=str(tmp_path), jobs=1, rounds=1)  # fmt: skip
+
+    def blocked(*_: object) -> None:
+        raise TimeoutError("the run blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(10)
+    try:
+        with pytest.raises(tune_cli.TuneError) as err:
+            tune_cli.run(args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert str(err.value).startswith(want) and "move it away" in str(err.value)

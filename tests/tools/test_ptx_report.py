@@ -105,3 +105,34 @@ def test_alignment_block_tables_stay_in_registers(bins):
     rep = _report("--align-bins", str(bins), "--block-m", "128")
     assert set(rep) == ({"align_offsets", "align_one_pass"} if bins <= 512 else {"align_offsets"})
     assert {name: r["spill_bytes"] for name, r in rep.items()} == dict.fromkeys(rep, 0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--block-m", "100"], "--block-m: block_m must be a power of two from 16 to 256, got 100"),
+     (["--block-n2", "48"], "--block-n2: block_n must be a power of two from 16 to 512, got 48"),
+     (["--block-k", "0"], "--block-k: block_k must be a power of two from 16 to 512, got 0"),
+     (["--warps", "3"], "--warps: num_warps must be 1, 2, 4, 8 or 16, got 3"),
+     (["--stages", "0"], "--stages: num_stages must be an integer from 1 to 8, got 0"),
+     (["--block-m", "64"], "--tail-m: tail_m must be 0 or a power of two in [16, block_m/2=32], "
+      "got 64"),
+     (["--arch", "12"], "--arch: one of 80, 86, 87, 89, 90, 100, 103, 110, 120, 121, got 12"),
+     (["--align-bins", "3"], "--align-bins: a power of two from 2 to 2048, got 3")],
+)  # fmt: skip
+def test_tiles_the_kernels_never_launch_are_usage_errors(flags, message, monkeypatch, capsys):
+    """Each was a Triton compile traceback (a power-of-two assertion, an arange range), a
+    report of a config no launch uses (--stages 0, a 64-row tail of a 64-row block), or, for
+    an architecture LLVM does not know, an abort of the whole process."""
+    monkeypatch.setattr(sys, "argv", ["tools.ptx_report", *flags])
+    with pytest.raises(SystemExit) as exc:
+        ptx_report.main()
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
+
+
+def test_ptxas_assembles_pre_hopper_targets_without_the_a_suffix():
+    """--arch 80 (or 86, 89) compiled, then failed in ptxas on "-arch=sm_80a", which does not
+    exist: the suffix is for sm_90 and later, as Triton spells it."""
+    ptx = ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n  ret;\n}\n"
+    regs, spill = ptx_report.ptxas_usage(ptx, 80)
+    assert regs >= 0 and spill == 0

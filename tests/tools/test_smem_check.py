@@ -123,13 +123,20 @@ def test_a_launch_option_the_backend_rejects_is_reported():
 @pytest.mark.parametrize(("flags", "message"),
                          [(["--tokens", "0"], "argument --tokens: must be at least 1, got '0'"),
                           (["--parts", "b200"], "argument --parts: invalid choice: 'b200'"),
-                          (["--plan-smem", "lots"], "argument --plan-smem: not an integer: 'lots'")])  # fmt: skip
-def test_bad_arguments_are_named(flags, message):
-    """A bad flag value is an argparse error naming the flag, not a traceback."""
+                          (["--plan-smem", "lots"], "argument --plan-smem: not an integer: 'lots'"),
+                          (["--json", "{tmp}"], "--json: cannot write to '{tmp}' (a directory)"),
+                          (["--summary-json", "{tmp}/f/s.json"],
+                           "--summary-json: cannot write to '{tmp}/f' (not a directory)")])  # fmt: skip
+def test_bad_arguments_are_named(flags, message, tmp_path):
+    """A bad flag value is an argparse error naming the flag, not a traceback; an output path
+    that cannot be written is one before any compile (it was a traceback after all of them)."""
+    (tmp_path / "f").write_text("")
+    flags = [f.format(tmp=tmp_path) for f in flags]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-m", "tools.smem_check", *flags], capture_output=True,
                          text=True, env=env, cwd=REPO, timeout=120)  # fmt: skip
-    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 2 and message.format(tmp=tmp_path) in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
 
 
 def test_refuses_the_interpreter():

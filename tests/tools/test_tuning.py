@@ -122,7 +122,7 @@ def test_best_entries_keep_the_fastest_variant_past_the_margin_and_merge(tmp_pat
     assert list(merged) == sorted(merged, key=int) and "1" in merged
     path.write_text(json.dumps({"device": "NVIDIA H200", "best": {
         "mixtral-8x7b/3": best["qwen3-30b-a3b/3"]}}))  # fmt: skip
-    with pytest.raises(SystemExit, match="no tuned file to merge mixtral-8x7b into"):
+    with pytest.raises(ValueError, match="no tuned file to merge mixtral-8x7b into"):
         compare_configs.write_best(str(path), str(tmp_path))
 
 
@@ -200,6 +200,7 @@ def test_compare_main_with_lora_times_both_layers_and_writes_the_winner(tmp_path
         return out
 
     monkeypatch.setattr(multiprocessing, "get_context", lambda kind: FakeContext())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
     monkeypatch.setattr(compare_configs, "measure_ceilings",
                         lambda: {"copy_tbps": 4.0, "matmul_tflops": 700.0})  # fmt: skip
@@ -256,3 +257,166 @@ def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_pa
         "entries ['8192'] lose their persistent; re-run python -m tools.compare_configs --variants"
         in out
     )
+
+
+def _main_error(module, monkeypatch, capsys, *argv: str) -> str:
+    """``module.main()`` with ``argv``: exit 2, no traceback; its error line."""
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [module.__name__, *argv])
+    with pytest.raises(SystemExit) as exc:
+        module.main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+_GEMM = {"block_n": 32, "block_k": 64}
+_ENTRY = {"block_m": 16, "gemm1": _GEMM, "gemm2": _GEMM}
+
+
+@pytest.mark.parametrize(
+    ("log", "message"),
+    [(None, "{path}: file not found"),
+     ("{", "{path}:1:2: not JSON (Expecting property name enclosed in double quotes)"),
+     ([1], "{path}: not a tune_log.json (no 'device', 'triton' and 'points')"),
+     ({"device": "X", "triton": "3", "points": {}}, "{path}: no points"),
+     ({"device": "X", "triton": "3", "points": {"nope/1": {"best": _ENTRY}}},
+      "{path}: points: 'nope/1' is not <shape>/<token count> of a shape in "
+      "benchmarks.common.SHAPES"),
+     ({"device": "X", "triton": "3", "points": {"mixtral-8x7b": {"best": _ENTRY}}},
+      "{path}: points: 'mixtral-8x7b' is not <shape>/<token count> of a shape in "
+      "benchmarks.common.SHAPES"),
+     ({"device": "X", "triton": "3", "points": {"mixtral-8x7b/1": {}}},
+      "{path}: points.mixtral-8x7b/1: no 'best'"),
+     ({"device": "X", "triton": "3", "points": {"mixtral-8x7b/1": {"best": {"block_m": 16}}}},
+      "{path}: points.mixtral-8x7b/1.best: bad MoE config {{'block_m': 16}}: 'gemm1'")],
+    ids=["missing", "not-json", "a-list", "no-points", "unknown-shape", "no-token-count",
+         "no-best", "bad-config"],
+)  # fmt: skip
+def test_tuner_from_log_refuses_what_is_no_log_and_writes_nothing(tmp_path, monkeypatch, capsys,
+                                                                  log, message):  # fmt: skip
+    """--from-log was a traceback for each of these (FileNotFoundError, JSONDecodeError,
+    TypeError, KeyError, ValueError), and wrote a malformed config ({"block_m": 16}) as a
+    tuned file without a word."""
+    import json
+
+    path = tmp_path / "tune_log.json"
+    if log is not None:
+        path.write_text(log if isinstance(log, str) else json.dumps(log))
+    out = tmp_path / "out"
+    line = _main_error(tune_triton, monkeypatch, capsys, "--from-log", str(path), "--out", str(out))
+    assert line.endswith("error: --from-log " + message.format(path=path)), line
+    assert not any(out.iterdir())
+
+
+def test_tuner_from_log_refuses_a_fifo_and_a_broken_tuned_file_in_out(tmp_path, monkeypatch,
+                                                                      capsys):  # fmt: skip
+    """A FIFO blocked --from-log forever; a file in --out that is not a tuned file was a
+    KeyError traceback after the others were written."""
+    import json
+    import os
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    line = _main_error(tune_triton, monkeypatch, capsys, "--from-log", str(fifo), "--out",
+                       str(tmp_path))  # fmt: skip
+    assert line.endswith(f"--from-log {fifo}: cannot read file: it is a FIFO, not a regular file")
+    log = tmp_path / "tune_log.json"
+    log.write_text(json.dumps({"device": "NVIDIA H200", "triton": "3.6",
+                               "points": {"mixtral-8x7b/1": {"best": _ENTRY}}}))  # fmt: skip
+    bad = tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json"
+    bad.write_text('{"triton_version": "3.6"}')
+    line = _main_error(tune_triton, monkeypatch, capsys, "--from-log", str(log), "--out",
+                       str(tmp_path))  # fmt: skip
+    assert f"error: --out: {bad}: not a tuned config file (" in line
+    assert line.endswith("; move it away")
+    assert bad.read_text() == '{"triton_version": "3.6"}'
+
+
+@pytest.mark.parametrize("module", [tune_triton, compare_configs], ids=["tune", "compare"])
+def test_gpu_runs_without_the_kernels_say_so_before_any_work(module, tmp_path, monkeypatch,
+                                                             capsys):  # fmt: skip
+    """The GPU runs check for torch and a CUDA GPU first (``benchmarks.common.require_gpu``;
+    ``test_kernels`` sees its "no CUDA GPU" line): the tuner spawned its compile workers and
+    died in them (a CUDA generator RuntimeError), the comparison on torch.cuda, both
+    tracebacks. torch is hidden here, so that no test pays its import."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    line = _main_error(module, monkeypatch, capsys, "--shapes", "mixtral-8x7b", "--tokens", "1",
+                       "--out", str(tmp_path))  # fmt: skip
+    assert line.endswith("error: the kernels are not installed: pip install 'moe-policy[kernels]'")
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "message"),
+    [(tune_triton, ["--jobs", "-1"], "argument --jobs: must be at least 0, got '-1'"),
+     (tune_triton, ["--deadline-s", "nan"], "argument --deadline-s: must be a finite number, got "
+      "'nan'"),
+     (tune_triton, ["--out", "{file}"], "--out: cannot write to '{file}' (not a directory)"),
+     (compare_configs, ["--jobs", "0"], "argument --jobs: must be at least 1, got '0'"),
+     (compare_configs, ["--min-gain", "-0.1"], "argument --min-gain: must be in [0, 1), got "
+      "'-0.1'"),
+     (compare_configs, ["--out", "{file}"], "--out: cannot write to '{file}' (not a directory)")],
+    ids=["tune-jobs", "tune-deadline", "tune-out", "compare-jobs", "compare-gain", "compare-out"],
+)  # fmt: skip
+def test_tool_flags_are_checked_before_any_work(module, argv, message, tmp_path, monkeypatch,
+                                                capsys):  # fmt: skip
+    """--jobs 0 was a ValueError from the worker pool (compare_configs) and -1 silently 0
+    (tune_triton), --deadline-s nan never stopped, a negative --min-gain kept slower
+    variants, and --out naming a file failed when the results were written, after the GPU
+    work."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = [a.format(file=blocker) for a in argv]
+    assert _main_error(module, monkeypatch, capsys, *argv).endswith(message.format(file=blocker))
+
+
+@pytest.mark.parametrize(
+    ("best", "message"),
+    [("[]", "{path}: not a compare_best.json (no 'device' and 'best')"),
+     ('{"device": "NVIDIA H200", "best": {"qwen3-30b-a3b": {}}}',
+      "{path}: best: 'qwen3-30b-a3b' is not <shape>/<token count> of a shape in "
+      "benchmarks.common.SHAPES"),
+     ('{"device": "NVIDIA H200", "best": {"qwen3-30b-a3b/1": 5}}',
+      "{path}: best.qwen3-30b-a3b/1: no 'config'"),
+     ('{"device": "NVIDIA H200", "best": {"qwen3-30b-a3b/1": {"config": {"block_m": 16}}}}',
+      "{path}: best.qwen3-30b-a3b/1.config: bad MoE config {{'block_m': 16}}: 'gemm1'")],
+    ids=["a-list", "no-token-count", "no-config", "bad-config"],
+)  # fmt: skip
+def test_write_best_refuses_what_is_no_compare_best(tmp_path, monkeypatch, capsys, best,
+                                                    message):  # fmt: skip
+    """--write-best was a traceback for each (TypeError, ValueError, AttributeError, the
+    malformed config's ValueError); the shipped tuned files are not touched."""
+    path = tmp_path / "compare_best.json"
+    path.write_text(best)
+    before = {p.name: p.read_text() for p in CONFIG_DIR.iterdir()}
+    line = _main_error(compare_configs, monkeypatch, capsys, "--write-best", str(path))
+    assert line.endswith("error: --write-best " + message.format(path=path)), line
+    assert {p.name: p.read_text() for p in CONFIG_DIR.iterdir()} == before
+
+
+def test_write_best_of_no_entries_says_nothing_was_merged(tmp_path, monkeypatch, capsys):
+    """A compare_best.json without winners merged nothing, silently."""
+    import sys
+
+    path = tmp_path / "compare_best.json"
+    path.write_text('{"device": "NVIDIA H200", "best": {}}')
+    monkeypatch.setattr(sys, "argv", ["tools.compare_configs", "--write-best", str(path)])
+    compare_configs.main()
+    assert capsys.readouterr().out == f"# {path} has no entries: nothing merged\n"
+
+
+def test_compare_refuses_a_variant_no_point_offers(tmp_path, monkeypatch, capsys):
+    """--variants with a misspelt name timed shipped alone and wrote no winner, silently (the
+    GPU faked: the names are checked before anything runs on it)."""
+    import sys
+    import types
+
+    monkeypatch.setattr(compare_configs, "require_gpu", lambda why: "NVIDIA H200")
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    line = _main_error(compare_configs, monkeypatch, capsys, "--shapes", "qwen3-30b-a3b",
+                       "--tokens", "256", "--variants", "plian", "--out", str(tmp_path))  # fmt: skip
+    assert "error: --variants: no point offers plian (offered: " in line and "plain" in line
