@@ -267,7 +267,8 @@ def main() -> None:
     p.add_argument("--tail-m", type=int, default=64)
     p.add_argument("--warps", type=int, default=8)
     p.add_argument("--stages", type=int, default=4)
-    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--arch", type=int, default=90,
+                   help=f"compute capability to compile for: one of {', '.join(map(str, ARCHS))}")  # fmt: skip
     p.add_argument(
         "--align-bins",
         type=int,
