@@ -242,18 +242,20 @@ def _derive(
         _vllm_fp8_keys(values, origins, tp_shards)
     values["parallel.all2all_active"] = active
     origins["parallel.all2all_active"] = str(Origin.derived(why))
-    # vLLM also takes the batched format from an explicit batched_triton request, except
-    # under LoRA, whose branch returns before the format is looked at.
+    # vLLM's prepare/finalize delivers the batched format under the batched all2all kernels,
+    # and without all2all kernels only on XPU for a batched_triton request (elsewhere vLLM
+    # builds a standard prepare/finalize, which no batched experts class can run behind).
     batched = active in BATCHED_ALL2ALL or (
         engine.vllm_layout
+        and active == "none"
+        and values.get("platform") == "xpu"
         and request is not None
         and request.backend == "batched_triton"
-        and not values.get("lora.enabled")
     )
     values["parallel.activation_format"] = "batched" if batched else "standard"
     origins["parallel.activation_format"] = str(
         Origin.derived(
-            "parallel.all2all_active, or a batched_triton request"
+            "parallel.all2all_active, or a batched_triton request on XPU"
             if engine.vllm_layout
             else "parallel.all2all"
         )

@@ -187,6 +187,15 @@ CONTEXT_KEYS: Mapping[str, KeySpec] = MappingProxyType(
 )
 
 
+def format_cause(values: Mapping[str, Any]) -> str:
+    """Why the context has its activation format, for a reason's detail: the all2all kernels
+    that run, or, for the batched format without batched all2all kernels, the request."""
+    active = values.get("parallel.all2all_active", values.get("parallel.all2all"))
+    if values.get("parallel.activation_format") == "batched" and active not in BATCHED_ALL2ALL:
+        return "a batched_triton request without all2all kernels"
+    return f"parallel.all2all_active={active}"
+
+
 def parse_capability(value: Any) -> tuple[int, int]:
     """``(major, minor)`` of a capability, for ordering: a context value or operand already
     checked by ``moe_policy.core.values.parse_capability`` (``MAJOR.MINOR`` exactly), a

@@ -12,7 +12,7 @@ from moe_policy.core.catalog import BackendSpec, Catalog, Requirement
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Candidate, Status
 from moe_policy.core.decision import ReasonCode as R
-from moe_policy.core.keys import parse_capability
+from moe_policy.core.keys import format_cause, parse_capability
 from moe_policy.core.passes import Candidates, PassInputs, PassResult
 
 NAME = "feasibility"
@@ -109,7 +109,7 @@ def check_backend(spec: BackendSpec, ctx: SelectionContext) -> tuple[R, str] | N
     if spec.activation_format != "any" and fmt != spec.activation_format:
         return (
             R.ACTIVATION_FORMAT_MISMATCH,
-            f"deployment delivers the {fmt} format (parallel.all2all={v.get('parallel.all2all')}); "
+            f"deployment delivers the {fmt} format ({format_cause(v)}); "
             f"backend takes {spec.activation_format}",
         )
     all2all = v.get("parallel.all2all_active", v.get("parallel.all2all"))

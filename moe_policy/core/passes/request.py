@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Adaptation, Override
+from moe_policy.core.keys import format_cause
 from moe_policy.core.passes import Candidates, PassInputs, PassResult, TraceEntry
 
 NAME = "request"
@@ -43,7 +44,7 @@ class RequestPass:
                 Adaptation(
                     wanted,
                     adapted,
-                    f"the deployment delivers the batched format (parallel.all2all={ctx.get('parallel.all2all')}); "
+                    f"the deployment delivers the batched format ({format_cause(ctx.values)}); "
                     f"{adapted} is {wanted}'s batched counterpart",
                     request.origin,
                 )
