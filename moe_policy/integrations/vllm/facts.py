@@ -114,8 +114,22 @@ def request_entry(value: str, *, platform: str, lora: bool, moonep: bool) -> Ent
 
 
 def deployment_entries(moe_config: Any, lora_config: Any = None) -> list[Entry]:
-    """The parallel layout and LoRA settings, undone from vLLM's flattened sizes."""
+    """The parallel layout and LoRA settings, undone from vLLM's flattened sizes.
+
+    Prefill context parallelism is refused: vLLM flattens its ranks into the experts'
+    tensor-parallel shards and expert-parallel group and runs the all2all kernels for it,
+    which no fact of the profile describes, so every layout fact would be wrong.
+    """
     par = moe_config.moe_parallel_config
+    if int(par.pcp_size) > 1:
+        raise PolicyError(
+            f"prefill context parallelism (size {par.pcp_size}) is not described by the vLLM "
+            "profile: the experts' tensor-parallel shards, expert-parallel size and all2all "
+            "kernels it implies have no policy facts; serve without it or leave the plugin "
+            "out (VLLM_PLUGINS)",
+            vllm_origin("parallel_config.prefill_context_parallel_size"),
+            key="parallel.tp",
+        )
     dp = int(par.dp_size)
     flat = int(par.ep_size) if par.use_ep else int(par.tp_size)
     o = vllm_origin

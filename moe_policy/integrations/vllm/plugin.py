@@ -155,21 +155,42 @@ def _routed(select: Any) -> Any:
 
 
 class _ToVllmHandlers(logging.Handler):
-    """Hands ``moe_policy`` records to the handlers vLLM configured on its ``vllm`` logger."""
+    """Hands ``moe_policy`` records to the handlers vLLM configured on its ``vllm`` logger,
+    while no handler of the application's (on ``moe_policy`` or, through propagation, on the
+    root logger) receives them: records are never lost to vLLM's log, nor shown twice."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if _handled_elsewhere(logging.getLogger(LOGGER)):
+            return
         for handler in logging.getLogger("vllm").handlers:
             if record.levelno >= handler.level:
                 handler.handle(record)
 
 
+def _handled_elsewhere(logger: logging.Logger) -> bool:
+    """Whether a handler other than the plugin's receives the logger's records: its own, or
+    an ancestor's the records propagate to."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(h, _ToVllmHandlers) for h in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
+
+
 def attach_to_vllm_logging() -> None:
-    """Show moe_policy's events in vLLM's log, formatted by vLLM's handler, unless the
-    application already gave the ``moe_policy`` logger handlers of its own."""
+    """Show moe_policy's events in vLLM's log, formatted by vLLM's handler, when nothing else
+    would show them: the application gave neither the ``moe_policy`` logger nor the root
+    logger a handler. Propagation is left alone (the records stay stdlib records for any
+    handler configured later); the logger's level, when unset, follows vLLM's."""
     logger = logging.getLogger(LOGGER)
-    if logger.handlers or not logging.getLogger("vllm").handlers:
+    if any(isinstance(h, _ToVllmHandlers) for h in logger.handlers):
+        return
+    vllm_logger = logging.getLogger("vllm")
+    if _handled_elsewhere(logger) or not vllm_logger.handlers:
         return
     logger.addHandler(_ToVllmHandlers())
     if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
-    logger.propagate = False
+        logger.setLevel(vllm_logger.getEffectiveLevel())

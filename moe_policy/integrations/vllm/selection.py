@@ -5,27 +5,33 @@ own function (``(UnquantizedMoeBackend, experts class | None)``), so the plugin 
 in vLLM's place. Per call it builds the context from vLLM's objects, asks a selector for
 the vLLM engine profile and reports the decision (events, audit line, override warning,
 or the strict-mode error). Inside vLLM each candidate's experts classes also run vLLM's
-own ``is_supported_config``, whose reason lands in the candidate's detail: the policy
-never picks what this vLLM cannot build.
+own ``is_supported_config``, whose reason lands in the candidate's detail, under the
+activation format vLLM's prepare/finalize will deliver; the class handed back is asked once
+more for the layer being built. The policy never picks what this vLLM cannot build.
 
-Selectors are cached per layer signature and environment, so 48 identical MoE layers cost
-one resolution and 48 cheap lookups.
+Selectors are cached per layer signature (every field of the layer's ``FusedMoEConfig``) and
+environment, so 48 identical MoE layers cost one resolution and 48 cheap lookups.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import operator
 import os
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from moe_policy.api import Selector
 from moe_policy.core.catalog import Catalog, load_catalog
+from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Decision
 from moe_policy.core.engines import EngineProfile, resolve_engine
+from moe_policy.core.origin import Origin
 from moe_policy.core.state import STATE
 from moe_policy.errors import PolicyError
 from moe_policy.integrations.vllm.facts import (
@@ -45,6 +51,9 @@ from moe_policy.integrations.vllm.facts import (
     w4a8_request_entry,
 )
 from moe_policy.integrations.vllm.wna16 import Wna16Call, wna16_facts, wna16_request_entry
+from moe_policy.reporting.audit import AuditWriteError
+
+ENGINE_VARIABLE = "MOE_POLICY_ENGINE"
 
 
 def engine_profile() -> EngineProfile:
@@ -54,32 +63,68 @@ def engine_profile() -> EngineProfile:
     return resolve_engine(f"vllm=={vllm.__version__}", vllm_origin("vllm.__version__"))
 
 
+def check_engine_variable(profile: EngineProfile, environ: Mapping[str, str]) -> None:
+    """``MOE_POLICY_ENGINE`` inside vLLM: the installed vLLM decides which profile applies, so
+    the variable (meant for dry runs) must name that one or be unset; anything else is an
+    error naming it, never silently ignored."""
+    raw = environ.get(ENGINE_VARIABLE, "")
+    if not raw.strip():
+        return
+    origin = Origin.env(ENGINE_VARIABLE)
+    named = resolve_engine(raw, origin)  # an unknown engine or version names the variable
+    if (named.name, named.version) != (profile.name, profile.version):
+        import vllm
+
+        raise PolicyError(
+            f"{ENGINE_VARIABLE}={raw.strip()!r} names {named.label}, but this is vLLM "
+            f"{vllm.__version__}, whose MoE layers the plugin decides with the {profile.label} "
+            f"profile; unset it (it selects the engine of dry runs) or name this vLLM",
+            origin,
+            key=ENGINE_VARIABLE,
+        )
+
+
+def _config_key(config: Any) -> tuple[Any, ...]:
+    """Every field of a layer's ``FusedMoEConfig`` (its parallel config inside). vLLM's
+    experts classes read per-layer fields no policy fact describes (hash routing, routes
+    adjusted after routing, the router logits dtype, SwiGLU limits): two layers of one model
+    that differ in any field must not share a decision made for the other."""
+    if not dataclasses.is_dataclass(config):
+        return tuple(sorted((name, repr(value)) for name, value in vars(config).items()))
+    fields = _FIELDS.get(type(config))
+    if fields is None:
+        names = [f.name for f in dataclasses.fields(config)]
+        nested = tuple(n for n in names if dataclasses.is_dataclass(getattr(config, n, None)))
+        plain: Callable[[Any], Any] = operator.attrgetter(
+            "__class__", *(n for n in names if n not in nested)
+        )
+        fields = _FIELDS[type(config)] = (plain, nested)
+    getter, nested = fields
+    values = tuple(getter(config))
+    try:
+        hash(values)
+    except TypeError:  # a field holding a list or a dict: compared by its repr
+        values = tuple(v if _hashable(v) else repr(v) for v in values)
+    return (values, *(_config_key(getattr(config, n)) for n in nested))
+
+
+#: Per dataclass: the getter of its plain fields, and the names of its dataclass fields.
+_FIELDS: dict[type, tuple[Callable[[Any], Any], tuple[str, ...]]] = {}
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _signature(moe_config: Any) -> tuple[Any, ...]:
-    par = moe_config.moe_parallel_config
     env = tuple(
         sorted((k, v) for k, v in os.environ.items() if k.startswith(("MOE_POLICY_", "VLLM_")))
     )
-    return (
-        moe_config.num_experts,
-        moe_config.experts_per_token,
-        moe_config.hidden_dim,
-        moe_config.intermediate_size,
-        str(moe_config.activation),
-        str(moe_config.routing_method),
-        str(moe_config.in_dtype),
-        moe_config.has_bias,
-        moe_config.is_lora_enabled,
-        str(moe_config.moe_backend),
-        par.tp_size,
-        par.dp_size,
-        par.pcp_size,
-        par.ep_size,
-        par.sp_size,
-        par.use_ep,
-        par.all2all_backend,
-        par.enable_eplb,
-        env,
-    )
+    return (_config_key(moe_config), env)
 
 
 def _experts_classes(backend: Any, lora: bool, engine_class: str | None) -> list[Any]:
@@ -103,6 +148,47 @@ def _activation_format(moe_config: Any, batched: bool) -> Any:
     return mk.FusedMoEActivationFormat.Standard
 
 
+def prepare_finalize_format(moe_config: Any, platform: str) -> tuple[str, Origin]:
+    """The activation format vLLM's prepare/finalize hands this layer's experts
+    (``all2all_utils.maybe_make_prepare_finalize``), and where it comes from.
+
+    Batched only under the DeepEP low-latency and NIXL-EP all2all kernels, or on XPU for
+    ``--moe-backend batched_triton`` without all2all kernels; everywhere else standard, an
+    explicit ``batched_triton`` included (vLLM's oracle then picks a class its kernel cannot
+    be built with).
+    """
+    par = moe_config.moe_parallel_config
+    if par.use_passthrough_all2all:
+        return "standard", vllm_origin("parallel_config.all2all_backend")
+    if par.use_all2all_kernels:
+        fmt = "batched" if par.use_batched_activation_format else "standard"
+        return fmt, vllm_origin("parallel_config.all2all_backend")
+    if platform == "xpu" and str(moe_config.moe_backend) == "batched_triton":
+        return "batched", vllm_origin("--moe-backend")
+    return "standard", vllm_origin("moe_parallel_config.use_all2all_kernels")
+
+
+def _with_engine_format(selector: Selector, fmt: str, origin: Origin) -> Selector:
+    """The selector deciding in the format vLLM's prepare/finalize delivers. The profile
+    derives the same format from the layout and the request, except where the request the
+    policy sees is not vLLM's ``--moe-backend`` (``MOE_POLICY_BACKEND`` on XPU, either way):
+    vLLM's objects have the last word, so a request that cannot run in that format is
+    warned about (or refused in strict mode), never handed to a kernel that fails to build."""
+    ctx = selector.context
+    if ctx.format == fmt:
+        return selector
+    values = {**ctx.values, "parallel.activation_format": fmt}
+    origins = {**ctx.origins, "parallel.activation_format": str(origin)}
+    selector.context = SelectionContext(values, origins, ctx.request, ctx.mode)
+    return selector
+
+
+def _without_lora(moe_config: Any) -> Any:
+    config = copy.copy(moe_config)
+    config.is_lora_enabled = False
+    return config
+
+
 def _engine_checks(moe_config: Any, catalog: Catalog) -> dict[str, Callable[..., Any]]:
     """Per backend: vLLM's own ``is_supported_config`` over its experts classes.
 
@@ -112,8 +198,7 @@ def _engine_checks(moe_config: Any, catalog: Catalog) -> dict[str, Callable[...,
     """
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
-    without_lora = copy.copy(moe_config)
-    without_lora.is_lora_enabled = False
+    without_lora = _without_lora(moe_config)
     checks: dict[str, Callable[..., Any]] = {}
     for spec in catalog:
         if spec.engine_name is None or spec.delegated:
@@ -210,6 +295,7 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
         *platform_facts,
     ]
     profile = engine_profile()
+    check_engine_variable(profile, os.environ)
     quant = None
     if quantized is None:
         request = request_entry(
@@ -259,7 +345,7 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
         checks = _quantized_checks(moe_config, load_catalog(oracle), quantized)
     if request is not None:
         explicit.append(request)
-    return Selector(
+    selector = Selector(
         model_facts(moe_config, architectures[0] if architectures else None, quant),
         explicit=explicit,
         platform=platform,
@@ -267,6 +353,7 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
         engine_origin=vllm_origin("vllm.__version__"),
         extra_checks=checks,
     )
+    return _with_engine_format(selector, *prepare_finalize_format(moe_config, platform.platform))
 
 
 def _oracle_module(name: str) -> Any:
@@ -298,8 +385,7 @@ def _quantized_checks(
     the int_wna16 oracle, its checkpoint checks (``_backend_incompatibility_reason``: zero
     points, bias, layouts, Marlin's shapes) come first, as vLLM asks them."""
     oracle = _oracle_module(quantized.oracle)
-    without_lora = copy.copy(moe_config)
-    without_lora.is_lora_enabled = False
+    without_lora = _without_lora(moe_config)
     checks: dict[str, Callable[..., Any]] = {}
     for spec in catalog:
         if spec.engine_name is None or spec.delegated:
@@ -337,33 +423,88 @@ def _wna16_incompatibility(
     return reason
 
 
+def _decide(selector: Selector) -> Decision:
+    """The decision for the layer being built, reported (events, audit line, warning or the
+    strict-mode error) and kept in :func:`decisions`."""
+    index, kind = _layer_identity()
+    try:
+        decision = selector.select(index, kind)
+    except AuditWriteError as exc:
+        raise _audit_error(selector, exc) from None
+    STATE.engine_decisions.append(decision)
+    return decision
+
+
+def _audit_error(selector: Selector, exc: AuditWriteError) -> AuditWriteError:
+    """The required audit's failure, naming where the audit file and the requirement were
+    set (``env:MOE_POLICY_AUDIT_LOG``, a policy file's line)."""
+    path = selector.settings.values.get("audit.path")
+    required = selector.settings.values.get("audit.required")
+    where = f"{path.origin}: " if path is not None else ""
+    why = f" (the audit is required by {required.origin})" if required is not None else ""
+    return AuditWriteError(f"{where}{exc}{why}")
+
+
+def _buildable_class(
+    selector: Selector,
+    backend: Any,
+    classes: list[Any],
+    decision: Decision,
+    config: Callable[[], Any],
+    keys: tuple[Any, Any] = (None, None),
+) -> Any:
+    """The experts class handed to vLLM: the one the decision names (else the first of
+    vLLM's classes for the backend), once vLLM's own ``is_supported_config`` accepts it for
+    this layer (``config()``) in the format vLLM's prepare/finalize delivers. A refusal is an
+    error at selection, never a kernel vLLM fails to build (or builds wrongly) later. Layers
+    sharing the selector have equal configs: each answer is asked once per selector."""
+    verified = _VERIFIED.setdefault(selector, {})
+    key = (decision.backend, decision.experts_class, decision.activation_format)
+    found = verified.get(key)
+    if found is not None:
+        return found
+    named = [cls for cls in classes if cls.__name__ == decision.experts_class]
+    layer = config()
+    fmt = _activation_format(layer, decision.activation_format == "batched")
+    reason = None
+    for cls in named or classes:
+        ok, reason = cls.is_supported_config(cls, layer, keys[0], keys[1], fmt)
+        if ok:
+            verified[key] = cls
+            return cls
+    raise PolicyError(
+        f"{backend.name} for {decision.layer_label()}: vLLM's "
+        f"{', '.join(c.__name__ for c in named or classes)} refuses this layer "
+        f"({reason or 'no reason given'}), although the policy chose it; the vLLM profile and "
+        f"this vLLM disagree, and the plugin hands vLLM no kernel it cannot build",
+        vllm_origin("is_supported_config"),
+    )
+
+
+#: Per selector, the experts classes vLLM accepted for its layers' decisions.
+_VERIFIED: weakref.WeakKeyDictionary[Selector, dict[tuple[Any, ...], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, type | None]:
     """vLLM's selection function, decided by the policy (same arguments, same result)."""
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
     selector = selector_for(moe_config)
-    index, kind = _layer_identity()
-    decision = selector.select(index, kind)
-    STATE.engine_decisions.append(decision)
+    decision = _decide(selector)
     spec = selector.catalog.spec(str(decision.backend))
     backend = UnquantizedMoeBackend[str(spec.engine_name)]
     if spec.delegated:
         return backend, None
     lora = bool(moe_config.is_lora_enabled)
     classes = _experts_classes(backend, lora, decision.experts_class)
-    fmt = _activation_format(moe_config, decision.activation_format == "batched")
-    for cls in classes:
-        if cls.__name__ == decision.experts_class:
-            return backend, cls
-    for cls in classes:  # the engine's order has the last word on which class it builds
-        if cls.is_supported_config(cls, moe_config, None, None, fmt)[0]:
-            return backend, cls
-    raise PolicyError(
-        f"{backend.name}: none of vLLM's experts classes "
-        f"({', '.join(c.__name__ for c in classes)}) accepts this layer, although the policy "
-        f"chose it; the vLLM profile and this vLLM disagree",
-        vllm_origin("is_supported_config"),
+    # asked as the checks asked: LoRA is the LoRA pass's, except for the LoRA class itself
+    lora_class = (
+        lora and spec.lora == "conditional" and decision.experts_class == spec.lora_experts_class
     )
+    ask = (lambda: moe_config) if lora_class else functools.partial(_without_lora, moe_config)
+    return backend, _buildable_class(selector, backend, classes, decision, ask)
 
 
 #: The quantization method classes that ask the fp8 oracle, by checkpoint format.
@@ -490,26 +631,13 @@ def select_wna16_moe_backend(
 
 def _select_quantized(config: Any, quantized: Quantized) -> tuple[Any, type | None]:
     oracle = _oracle_module(quantized.oracle)
-    weight_key, activation_key = quantized.weight_key, quantized.activation_key
     selector = selector_for(config, quantized)
-    index, kind = _layer_identity()
-    decision = selector.select(index, kind)
-    STATE.engine_decisions.append(decision)
+    decision = _decide(selector)
     spec = selector.catalog.spec(str(decision.backend))
     backend = _backend_enum(oracle, str(spec.engine_name))
     if spec.delegated:
         return backend, None
     classes = _kernel_classes(quantized, oracle, backend)
-    fmt = _activation_format(config, decision.activation_format == "batched")
-    for cls in classes:
-        if cls.__name__ == decision.experts_class:
-            return backend, cls
-    for cls in classes:
-        if cls.is_supported_config(cls, config, weight_key, activation_key, fmt)[0]:
-            return backend, cls
-    raise PolicyError(
-        f"{backend.name}: none of vLLM's {quantized.oracle} experts classes "
-        f"({', '.join(c.__name__ for c in classes)}) accepts this layer, although the policy "
-        f"chose it; the vLLM profile and this vLLM disagree",
-        vllm_origin("is_supported_config"),
-    )
+    keys = (quantized.weight_key, quantized.activation_key)
+    layer = functools.partial(_without_lora, config)
+    return backend, _buildable_class(selector, backend, classes, decision, layer, keys)

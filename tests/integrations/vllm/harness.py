@@ -39,6 +39,7 @@ import vllm.model_executor.layers.fused_moe.experts.triton_moe
 import vllm.model_executor.layers.fused_moe.experts.trtllm_bf16_moe
 import vllm.model_executor.layers.fused_moe.experts.trtllm_lora_moe
 import vllm.model_executor.layers.fused_moe.experts.xpu_moe
+import vllm.model_executor.layers.fused_moe.modular_kernel as mk
 import vllm.model_executor.layers.fused_moe.oracle.fp8 as fp8_oracle
 import vllm.model_executor.layers.fused_moe.oracle.int8 as int8_oracle
 import vllm.model_executor.layers.fused_moe.oracle.int_wna16 as wna16_oracle
@@ -544,6 +545,48 @@ def oracle_outcome(case: Case) -> Outcome:
     if error is not None:
         return Outcome(None, None, error)
     return Outcome(backend.name, experts.__name__ if experts is not None else None, None)
+
+
+def prepare_finalize_is_batched(case: Case) -> bool:
+    """Whether vLLM's prepare/finalize hands the case's experts the batched format.
+
+    ``all2all_utils.maybe_make_prepare_finalize``: the passthrough all2all is standard; with
+    all2all kernels the DeepEP low-latency and NIXL-EP ones are batched
+    (``use_batched_activation_format``); without them only XPU's ``BatchedPrepareAndFinalize``
+    for ``--moe-backend batched_triton`` is.
+    """
+    parallel = parallel_config(case)
+    if parallel.use_passthrough_all2all:
+        return False
+    if parallel.use_all2all_kernels:
+        return bool(parallel.use_batched_activation_format)
+    return case.platform == "xpu" and case.moe_backend == "batched_triton"
+
+
+def kernel_build_outcome(case: Case) -> str | None:
+    """The error vLLM raises building the kernel of its oracle's pick, or None.
+
+    ``make_*_moe_kernel`` gives the experts class ``max_num_tokens`` and ``num_dispatchers``
+    only under a batched prepare/finalize, and ``FusedMoEExperts.__init__`` refuses a class of
+    the other format (vLLM's oracle, for instance, takes the batched format from
+    ``--moe-backend batched_triton`` on any platform). None when the oracle itself refuses or
+    picks no class.
+    """
+    _, experts, error = _select(case)
+    if error is not None or experts is None:
+        return None
+    batched = experts.activation_format() == mk.FusedMoEActivationFormat.BatchedExperts
+    if batched == prepare_finalize_is_batched(case):
+        return None
+    if batched:
+        return (
+            f"TypeError: {experts.__name__}.__init__() missing 2 required positional "
+            "arguments: 'max_num_tokens' and 'num_dispatchers'"
+        )
+    return (
+        "ValueError: max_num_tokens and num_dispatchers should only be set for "
+        "BatchedExperts activation format."
+    )
 
 
 _LORA_EP_A2A = "allgather_reducescatter"

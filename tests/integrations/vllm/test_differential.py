@@ -41,6 +41,7 @@ from tests.integrations.vllm.harness import (
     fp8_keys,
     grid,
     int8_grid,
+    kernel_build_outcome,
     lora_layer_outcome,
     moe_config,
     mxfp4_grid,
@@ -58,8 +59,9 @@ from tests.integrations.vllm.harness import (
 
 #: The deliberate differences, as documented in docs/vllm.md ("Where moe_policy differs").
 DELIBERATE = {
-    "request_fallback_warns": "an explicit --moe-backend vLLM cannot build: vLLM fails start-up; "
-    "moe_policy (warn mode) falls back with a warning, strict mode refuses",
+    "request_fallback_warns": "an explicit --moe-backend vLLM cannot build: vLLM fails start-up "
+    "(at selection, or building the kernel of a batched_triton pick its prepare/finalize cannot "
+    "feed); moe_policy (warn mode) falls back with a warning, strict mode refuses",
     "lora_request_honoured": "LoRA with a feasible explicit --moe-backend: vLLM's LoRA branch "
     "ignores it; moe_policy honours it",
     "lora_unbuildable_refused": "LoRA where vLLM's LoRA branch returns TritonExperts without "
@@ -289,6 +291,8 @@ def classify(case: Case, vllm: Any, ours: tuple[Any, str | None], strict: Any = 
     mine, error = ours
     oracle = (vllm.backend, vllm.experts_class)
     layer_error = lora_layer_outcome(case) if case.lora and vllm.error is None else None
+    # vLLM's pick of a class its prepare/finalize cannot feed fails start-up building the kernel
+    build_error = kernel_build_outcome(case) if vllm.error is None else None
     if vllm.error is not None and mine is None:
         return "agree"  # both refuse at selection
     # vLLM's LoRA layer would fail start-up later; moe_policy refuses at selection, naming the
@@ -298,7 +302,7 @@ def classify(case: Case, vllm: Any, ours: tuple[Any, str | None], strict: Any = 
     )
     if layer_error is not None and mine is None and refused:
         return "lora_layer_refused"
-    if mine is not None and mine == oracle and layer_error is None:
+    if mine is not None and mine == oracle and layer_error is None and build_error is None:
         return "agree"
     if case.lora and case.quant is None:
         if vllm.backend == "TRITON" and vllm.error is None and _triton_checks_fail(case):
@@ -310,7 +314,7 @@ def classify(case: Case, vllm: Any, ours: tuple[Any, str | None], strict: Any = 
                 "No W4A8 MoE backend supports")  # fmt: skip
     vllm_refused_request = (
         explicit and vllm.error and any(refusal in vllm.error for refusal in refusals)
-    )
+    ) or (explicit and build_error is not None and mine != oracle)
     # warn mode fell back; strict mode must refuse like vLLM
     strict_refused = (
         strict is not None and strict[0] is None and "BackendOverrideError" in str(strict[1])
@@ -384,7 +388,7 @@ def _results(cases: list[Case] | None = None, label: str = "unquantized") -> lis
         inside = ours_inside_vllm(case)
         dry = ours_dry_run(case)
         strict = None
-        if requested(case) and vllm.error:
+        if requested(case) and (vllm.error or kernel_build_outcome(case)):
             strict = ours_inside_vllm(case, strict=True)
         rows.append(
             {

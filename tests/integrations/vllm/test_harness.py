@@ -276,6 +276,37 @@ def test_lora_layer_outcomes():
     assert lora(case("nemotron-3-nano", "cpu-x86", lora=True)) is None
 
 
+@pytest.mark.parametrize(
+    ("platform", "layout", "backend", "built"),
+    [
+        ("cuda9.0", "tp1", "auto", True),
+        ("cuda9.0", "tp1", "batched_triton", False),  # batched class, standard prepare/finalize
+        ("rocm", "tp2", "batched_triton", False),
+        ("xpu", "tp1", "batched_triton", True),  # XPU's BatchedPrepareAndFinalize
+    ],
+)
+def test_kernel_build_outcome_is_what_vllms_kernel_build_does(platform, layout, backend, built):
+    """kernel_build_outcome against vLLM's own make_unquantized_moe_kernel, on the paths that
+    need no all2all manager (no all2all kernels, one DP rank)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
+
+    c = case(platform=platform, layout=layout, moe_backend=backend)
+    predicted = harness.kernel_build_outcome(c)
+    with harness.faked_platform(c), set_current_vllm_config(harness.vllm_config(c)):
+        config = harness.moe_config(c)
+        selected, experts = harness.oracle.select_unquantized_moe_backend(config)
+        try:
+            harness.oracle.make_unquantized_moe_kernel(
+                FUSED_MOE_UNQUANTIZED_CONFIG, config, selected, experts
+            )
+            error = None
+        except (TypeError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    assert (error is None) is built
+    assert predicted == error
+
+
 def test_monolithic_is_read_through_vllms_own_property():
     assert harness._method_is_monolithic(trtllm_bf16_moe.TrtLlmBf16ExpertsMonolithic) is True
     assert harness._method_is_monolithic(trtllm_bf16_moe.TrtLlmBf16ExpertsModular) is False

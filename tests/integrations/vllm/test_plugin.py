@@ -224,12 +224,15 @@ def test_layers_with_one_signature_share_one_resolution(monkeypatch):
 
 
 def test_events_reach_vllms_handler(monkeypatch, capsys):
+    """As in `vllm serve`: vLLM's handler on its logger, none on the root logger."""
     import logging
 
     load_plugins(monkeypatch)
     vllm_logger = logging.getLogger("vllm")
     handler = logging.StreamHandler(sys.stderr)
     monkeypatch.setattr(vllm_logger, "handlers", [handler])
+    monkeypatch.setattr(vllm_logger, "level", logging.INFO)  # vLLM's configure_logging
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
     moe_logger = logging.getLogger("moe_policy")
     monkeypatch.setattr(moe_logger, "handlers", [])
     monkeypatch.setattr(moe_logger, "propagate", True)
@@ -240,7 +243,8 @@ def test_events_reach_vllms_handler(monkeypatch, capsys):
     build_method(NEMOTRON_LORA, {"MOE_POLICY_BACKEND": "flashinfer_cutlass"})
     err = capsys.readouterr().err
     assert "moe_policy.request_overridden" in err and "reason_code=lora_unsupported" in err
-    assert "moe_policy.decision" in err
+    assert err.count("moe_policy.decision ") == 1
+    assert moe_logger.propagate is True
 
 
 def test_the_cost_benchmark_runs_and_writes_its_figures(tmp_path):
@@ -501,3 +505,239 @@ def test_the_w4a8_int8_selector_is_installed_where_vllm_calls_it(monkeypatch):
     installed = ct_w4a8_int8.select_w4a8_int8_moe_backend
     assert getattr(installed, plugin.MARK) is True
     assert w4a8_int8_oracle.select_w4a8_int8_moe_backend is installed
+
+
+# --- start-up failures as a deployment meets them ------------------------------------------
+
+#: Qwen3-30B-A3B's routed experts on one H200, no parallelism: vLLM's prepare/finalize is the
+#: standard one (MoEPrepareAndFinalizeNoDPEP).
+QWEN3_H200 = Case(name="qwen3/h200", **MODELS["qwen3-30b-a3b"])
+
+
+def build_kernel(case: Case, built: object) -> object:
+    """vLLM's own make_unquantized_moe_kernel for what the method selected: its
+    prepare/finalize, then the experts class (no GPU needed on this path)."""
+    from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
+
+    with layer_build(case, {}):
+        return oracle.make_unquantized_moe_kernel(
+            FUSED_MOE_UNQUANTIZED_CONFIG,
+            moe_config(case),
+            built.unquantized_backend,  # type: ignore[attr-defined]
+            built.experts_cls,  # type: ignore[attr-defined]
+        )
+
+
+@pytest.mark.parametrize(
+    ("case", "env", "origin"),
+    [
+        (QWEN3_H200, {"MOE_POLICY_BACKEND": "batched_triton"}, "env:MOE_POLICY_BACKEND"),
+        (Case(**{**QWEN3_H200.__dict__, "moe_backend": "batched_triton"}), {},
+         "vllm:--moe-backend"),
+    ],
+)  # fmt: skip
+def test_batched_triton_without_a_batched_prepare_finalize_is_a_request_that_cannot_run(
+    monkeypatch, case, env, origin
+):
+    """vLLM builds the batched format only under DeepEP low-latency / NIXL-EP (or on XPU for
+    --moe-backend batched_triton): elsewhere BatchedTritonExperts cannot be built. The plugin
+    warns and runs a class whose kernel builds; strict mode refuses, naming the request."""
+    load_plugins(monkeypatch)
+    built, caught = build_method(case, env)
+    assert built.unquantized_backend is oracle.UnquantizedMoeBackend.TRITON
+    [warning] = [w.message for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    assert warning.override.origin == origin
+    assert warning.override.reason_code.value == "activation_format_mismatch"
+    build_kernel(case, built)  # vLLM builds it
+    STATE.selectors.clear()
+    with pytest.raises(BackendOverrideError, match=rf"'batched_triton' \(from {origin}\)"):
+        build_method(case, {**env, "MOE_POLICY_MODE": "strict"})
+
+
+def test_vllms_own_batched_triton_pick_is_what_the_plugin_refuses(monkeypatch):
+    """Without the plugin vLLM 0.33 picks BatchedTritonExperts for --moe-backend batched_triton
+    on CUDA, and fails building its kernel (after loading the weights)."""
+    load_plugins(monkeypatch, selected="some_other_plugin")
+    case = Case(**{**QWEN3_H200.__dict__, "moe_backend": "batched_triton"})
+    built, _ = build_method(case, {})
+    assert built.experts_cls.__name__ == "BatchedTritonExperts"
+    with pytest.raises(TypeError, match="max_num_tokens"):
+        build_kernel(case, built)
+
+
+def test_batched_triton_on_xpu_keeps_vllms_batched_prepare_finalize(monkeypatch):
+    load_plugins(monkeypatch)
+    case = Case(**{**QWEN3_H200.__dict__, "platform": "xpu", "capability": None,
+                   "moe_backend": "batched_triton"})  # fmt: skip
+    built, caught = build_method(case, {})
+    assert built.experts_cls.__name__ == "BatchedTritonExperts"
+    assert not [w for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    kernel = build_kernel(case, built)
+    assert type(kernel.prepare_finalize).__name__ == "BatchedPrepareAndFinalize"
+
+
+def test_batched_triton_from_the_environment_on_xpu_is_decided_in_vllms_format(monkeypatch):
+    """MOE_POLICY_BACKEND=batched_triton on XPU without vLLM's --moe-backend: vLLM builds the
+    standard prepare/finalize, so the plugin decides in that format (the profile alone would
+    take the request for --moe-backend's): warned, and a standard-format class (building
+    XPU's kernel needs XPU's compiled ops)."""
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+    load_plugins(monkeypatch)
+    case = Case(**{**QWEN3_H200.__dict__, "platform": "xpu", "capability": None})
+    built, caught = build_method(case, {"MOE_POLICY_BACKEND": "batched_triton"})
+    [warning] = [w.message for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    assert warning.override.reason_code.value == "activation_format_mismatch"
+    assert warning.override.origin == "env:MOE_POLICY_BACKEND"
+    standard = mk.FusedMoEActivationFormat.Standard
+    assert built.experts_cls.activation_format() == standard  # type: ignore[attr-defined]
+
+
+def test_lora_under_a_batched_prepare_finalize_gets_no_standard_class(monkeypatch):
+    """XPU's batched prepare/finalize (--moe-backend batched_triton) with LoRA: no batched
+    class applies LoRA, and a standard one (vLLM's LoRA branch returns TritonExperts) would not
+    build. The format is kept: no backend, every candidate named."""
+    from moe_policy import NoFeasibleBackendError
+
+    load_plugins(monkeypatch)
+    case = Case(**{**QWEN3_H200.__dict__, "platform": "xpu", "capability": None,
+                   "moe_backend": "batched_triton", "lora": True})  # fmt: skip
+    with pytest.raises(NoFeasibleBackendError) as raised:
+        build_method(case, {})
+    text = str(raised.value)
+    assert "batched_triton: lora_unsupported" in text
+    assert "triton: activation_format_mismatch" in text
+    context = raised.value.decision.context
+    fmt, origin = context["parallel.activation_format"]
+    assert (fmt, origin.startswith("derived:")) == ("batched", True) and "XPU" in origin
+
+
+def test_layers_that_differ_only_in_hash_routing_are_decided_apart(monkeypatch):
+    """DeepSeek-V4's first layers route by hash, the rest by score: vLLM's monolithic TRT-LLM
+    kernel refuses hash routing. A layer must not reuse a decision made for another layer
+    whose FusedMoEConfig differs, whatever the build order."""
+    load_plugins(monkeypatch)
+    case = Case(**{**QWEN3_H200.__dict__, "capability": (10, 0)})
+    with layer_build(case, {}):
+        plain, hashed = moe_config(case), moe_config(case)
+        hashed.has_hash_routing = True
+        first = method.UnquantizedFusedMoEMethod(plain)
+        second = method.UnquantizedFusedMoEMethod(hashed)
+        fmt = selection._activation_format(hashed, False)
+        cls = second.experts_cls
+        assert cls.is_supported_config(cls, hashed, None, None, fmt) == (True, None)
+        assert VLLM_SELECT(hashed) == (second.unquantized_backend, second.experts_cls)
+    assert first.experts_cls.__name__ == "TrtLlmBf16ExpertsMonolithic"
+    assert second.experts_cls.__name__ == "FlashInferExperts"
+
+
+def test_a_class_vllm_refuses_for_the_layer_is_never_handed_over(monkeypatch):
+    """The last line of defence: the class handed back is asked vLLM's is_supported_config for
+    the layer being built; a refusal is an error naming vLLM's reason."""
+    from vllm.model_executor.layers.fused_moe.experts.trtllm_bf16_moe import (
+        TrtLlmBf16ExpertsMonolithic,
+    )
+
+    case = Case(**{**QWEN3_H200.__dict__, "capability": (10, 0)})
+    with layer_build(case, {}):
+        config = moe_config(case)
+        backend, _ = selection.select_unquantized_moe_backend(config)
+        [decision] = selection.decisions()[-1:]
+        assert decision.experts_class == "TrtLlmBf16ExpertsMonolithic"
+        config.has_hash_routing = True
+        selector = selection.selector_for(config)  # another signature: nothing verified yet
+        with pytest.raises(PolicyError, match=r"^vllm:is_supported_config: .*hash routing"):
+            selection._buildable_class(
+                selector, backend, [TrtLlmBf16ExpertsMonolithic], decision, lambda: config
+            )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("moe_policy", r"MOE_POLICY_ENGINE='moe_policy' names moe_policy, .*vllm==0\.33 profile"),
+        ("vllm==0.30", r"no profile describes vllm 0\.30"),
+        ("vlm", r"unknown engine 'vlm' \(did you mean 'vllm'\?\)"),
+    ],
+)
+def test_moe_policy_engine_naming_another_engine_is_an_error_not_ignored(
+    monkeypatch, value, message
+):
+    load_plugins(monkeypatch)
+    with pytest.raises(PolicyError, match=rf"^env:MOE_POLICY_ENGINE: {message}"):
+        build_method(QWEN3_H200, {"MOE_POLICY_ENGINE": value})
+
+
+def test_moe_policy_engine_naming_this_vllm_is_accepted(monkeypatch):
+    load_plugins(monkeypatch)
+    built, _ = build_method(QWEN3_H200, {"MOE_POLICY_ENGINE": "vllm==0.33.0"})
+    assert built.unquantized_backend is oracle.UnquantizedMoeBackend.TRITON
+
+
+def test_a_required_audit_that_cannot_be_written_names_where_it_was_set(monkeypatch, tmp_path):
+    load_plugins(monkeypatch)
+    env = {"MOE_POLICY_AUDIT_LOG": str(tmp_path / "missing" / "audit.jsonl"),
+           "MOE_POLICY_AUDIT_REQUIRED": "1"}  # fmt: skip
+    with pytest.raises(OSError) as raised:
+        build_method(QWEN3_H200, env)
+    text = str(raised.value)
+    assert text.startswith("env:MOE_POLICY_AUDIT_LOG: audit log ")
+    assert "No such file or directory" in text
+    assert text.endswith("(the audit is required by env:MOE_POLICY_AUDIT_REQUIRED)")
+
+
+def test_a_required_audit_set_in_a_policy_file_names_its_lines(monkeypatch, tmp_path):
+    load_plugins(monkeypatch)
+    policy = tmp_path / "serving.yaml"
+    policy.write_text(f"version: 1\naudit:\n  path: {tmp_path}\n  required: true\n")
+    with pytest.raises(OSError, match=r"^file:.*serving\.yaml:3:\d+: .*serving\.yaml:4:\d+\)$"):
+        build_method(QWEN3_H200, {"MOE_POLICY_FILES": str(policy)})
+
+
+def test_prefill_context_parallelism_is_refused_naming_it(monkeypatch):
+    """vLLM flattens PCP ranks into the experts' shards and all2all kernels, which the
+    profile's layout facts do not describe: one error, not a decision on wrong facts."""
+    import dataclasses
+
+    load_plugins(monkeypatch)
+    with layer_build(QWEN3_H200, {}):
+        config = moe_config(QWEN3_H200)
+        config.moe_parallel_config = dataclasses.replace(
+            config.moe_parallel_config, pcp_size=2, tp_size=2
+        )
+        with pytest.raises(
+            PolicyError, match=r"^vllm:parallel_config.prefill_context_parallel_size: "
+        ):
+            method.UnquantizedFusedMoEMethod(config)
+
+
+def test_events_reach_the_applications_own_handlers_once(monkeypatch):
+    """An application that configured the root logger (a log shipper, pytest's capture) gets
+    moe_policy's records through propagation; they are not also copied into vLLM's handler,
+    and the plugin changes no logger's propagation."""
+    import logging
+
+    class Collect(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    load_plugins(monkeypatch)
+    app, vllm_side = Collect(), Collect()
+    monkeypatch.setattr(logging.getLogger(), "handlers", [app])
+    monkeypatch.setattr(logging.getLogger("vllm"), "handlers", [vllm_side])
+    moe_logger = logging.getLogger("moe_policy")
+    monkeypatch.setattr(moe_logger, "handlers", [])
+    monkeypatch.setattr(moe_logger, "propagate", True)
+    monkeypatch.setattr(moe_logger, "level", logging.INFO)
+    import structlog
+
+    structlog.reset_defaults()
+    build_method(NEMOTRON_LORA, {"MOE_POLICY_BACKEND": "flashinfer_cutlass"})
+    events = [r.getMessage().split()[0] for r in app.records if r.name == "moe_policy"]
+    assert "moe_policy.request_overridden" in events and "moe_policy.decision" in events
+    assert vllm_side.records == []
+    assert moe_logger.propagate is True
