@@ -39,6 +39,16 @@ def test_hundred_layers_with_one_signature_cost_one_resolution(make_selector, h2
     assert sel.reporter.counts[decisions[0].fingerprint] == 100
 
 
+def test_a_decision_from_the_cache_is_a_decision_of_its_own(make_selector, h200):
+    """The default layer kind spelt out has the same signature: answered from the cache
+    (one resolution), yet a separate decision with its own id."""
+    sel = make_selector(NEMOTRON, **h200)
+    first, second = sel.decide(), sel.decide(layer_kind="moe")
+    assert sel.resolver.resolutions == 1
+    assert first.fingerprint == second.fingerprint
+    assert first.decision_id != second.decision_id
+
+
 def test_draft_layers_are_a_separate_signature(make_selector, h200, tmp_path):
     """A rule on layer.kind treats MTP draft layers differently."""
     policy = tmp_path / "p.yaml"

@@ -76,6 +76,27 @@ def test_what_decides_changes_the_fingerprint(make_selector, h200):
     assert make_selector(NEMOTRON, **h200).decide().fingerprint == base
 
 
+def test_rule_content_enters_the_fingerprint(make_selector, h200, tmp_path: Path):
+    """Policies whose rules share ids but differ in backends or action decide differently,
+    so their fingerprints differ (also when the digests are computed in one process)."""
+    rules = {
+        "forbid-triton": "{id: r, effect: forbid, backends: [triton], reason: x}",
+        "forbid-cutlass": "{id: r, effect: forbid, backends: [flashinfer_cutlass], reason: x}",
+        "audit-triton": "{id: r, effect: forbid, backends: [triton], reason: x, action: audit}",
+    }
+    decisions = {}
+    for name, rule in rules.items():
+        policy = tmp_path / f"{name}.yaml"
+        policy.write_text(f"rules:\n  - {rule}\n")
+        decisions[name] = make_selector(NEMOTRON, policy_files=[str(policy)], **h200).decide()
+    assert {name: d.backend for name, d in decisions.items()} == {
+        "forbid-triton": "flashinfer_cutlass",
+        "forbid-cutlass": "triton",
+        "audit-triton": "triton",
+    }
+    assert len({d.fingerprint for d in decisions.values()}) == 3
+
+
 def test_record_has_no_host_pid_or_time(make_selector, h200):
     """The decision record itself carries no host, pid or timestamp (the audit line adds them)."""
     record = make_selector(NEMOTRON, **h200).decide().to_dict()

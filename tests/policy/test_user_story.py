@@ -185,3 +185,42 @@ def test_trtllm_lora_refuses_non_gated_experts(make_selector, b200):
     cand = decision.candidate("flashinfer_trtllm")
     assert cand.reason_code is ReasonCode.LORA_UNSUPPORTED
     assert "model.gated" in (cand.detail or "")
+
+
+def test_a_request_a_rule_forbids_is_overridden_naming_the_rule(make_selector):
+    """`aiter` asked for on ROCm without VLLM_ROCM_USE_AITER: rocm-aiter-opt-in vetoes it, and
+    the override names the rule, its pass and the backend that runs instead."""
+    with pytest.warns(BackendOverrideWarning):
+        decision = make_selector(QWEN3, platform="rocm", backend="aiter").select()
+    assert (decision.backend, decision.outcome) == ("triton", Outcome.OVERRIDDEN)
+    override = decision.override
+    assert override is not None
+    assert (
+        override.requested,
+        override.selected,
+        override.reason_code,
+        override.pass_name,
+        override.rule,
+        override.origin,
+    ) == ("aiter", "triton", ReasonCode.POLICY_FORBID, "policy_rules", "rocm-aiter-opt-in", "api")
+    # the record still marks the vetoed backend as the requested one
+    aiter = decision.candidate("aiter")
+    assert (aiter.requested, aiter.rule) == (True, "rocm-aiter-opt-in")
+    assert not aiter.alive
+
+
+def test_an_adapted_request_is_overridden_under_the_name_asked_for(make_selector, h200):
+    """`triton` under the batched format becomes batched_triton, which is not batch-invariant:
+    the override names `triton`, what the caller asked for, with batched_triton's reason."""
+    decision = make_selector(
+        QWEN3, backend="triton", all2all="deepep_low_latency", batch_invariant=True, **h200
+    ).decide()
+    assert decision.requested is not None
+    assert (decision.requested.backend, decision.requested.adapted_from) == (
+        "batched_triton",
+        "triton",
+    )
+    assert [(o.requested, o.reason_code, o.pass_name) for o in decision.overrides] == [
+        ("triton", ReasonCode.BATCH_INVARIANCE_UNSUPPORTED, "feasibility")
+    ]
+    assert decision.candidate("batched_triton").requested

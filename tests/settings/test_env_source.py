@@ -99,6 +99,35 @@ def test_aiter_sub_switch_off_removes_aiter():
     )
 
 
+def test_aiter_master_switch_off_names_it():
+    """VLLM_ROCM_USE_AITER=0 switches AITER off whatever the MOE sub-switch says, and the
+    origin names the master switch."""
+    settings = _settings({"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_USE_AITER_MOE": "1"})
+    assert settings.request is None
+    assert (settings.context["rocm.aiter"].value, settings.context["rocm.aiter"].origin) == (
+        False,
+        "env:VLLM_ROCM_USE_AITER",
+    )
+
+
+def test_the_aiter_moe_switch_alone_does_not_switch_aiter_on():
+    """VLLM_ROCM_USE_AITER_MOE=1 without the master switch (off by default) requests nothing."""
+    settings = _settings({"VLLM_ROCM_USE_AITER_MOE": "1"})
+    assert settings.request is None
+    assert settings.context["rocm.aiter"].value is False
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\t"])
+def test_a_blank_variable_is_ignored_with_a_notice(blank):
+    """A variable set to nothing but blanks is ignored, with a notice naming it."""
+    settings = _settings({"MOE_POLICY_BACKEND": blank, "MOE_POLICY_MODE": blank})
+    assert settings.request is None and settings.mode == "warn"
+    assert [(n.name, n.origin, n.detail) for n in settings.notices] == [
+        ("MOE_POLICY_BACKEND", "env:MOE_POLICY_BACKEND", "set but empty; ignored"),
+        ("MOE_POLICY_MODE", "env:MOE_POLICY_MODE", "set but empty; ignored"),
+    ]
+
+
 def test_batch_invariant():
     """VLLM_BATCH_INVARIANT becomes the batch_invariant fact."""
     assert _settings({"VLLM_BATCH_INVARIANT": "1"}).context["batch_invariant"].value is True

@@ -49,6 +49,18 @@ def test_explicit_files_replace_env_files_and_say_so(tmp_path):
     assert [n.name for n in settings.notices] == ["MOE_POLICY_FILES"]
 
 
+def test_an_empty_list_of_files_given_explicitly_still_replaces_env_files(tmp_path):
+    """`policy_files=[]` asks for no policy file: MOE_POLICY_FILES is ignored and said so."""
+    f = tmp_path / "p.yaml"
+    f.write_text("mode: strict\n")
+    settings = resolve_settings(
+        load_catalog(), policy_files=[], environ={"MOE_POLICY_FILES": str(f)}
+    )
+    assert settings.mode == "warn"
+    assert [info.path for info in settings.files] == ["configs/default.yaml"]
+    assert [n.name for n in settings.notices] == ["MOE_POLICY_FILES"]
+
+
 def test_explicit_context_keys_are_validated():
     """A context key given explicitly is type-checked and keeps its origin."""
     settings = resolve_settings(

@@ -61,6 +61,20 @@ def test_rule_with_same_id_replaces_the_builtin_one(tmp_path: Path):
     ]
 
 
+def test_a_replaced_rule_keeps_its_place_in_the_order(tmp_path: Path):
+    """Rules apply in order; a file replacing a built-in rule takes that rule's place, so the
+    later built-in rules still come after it."""
+    builtin = [r.id for r in _settings().rules]
+    f = tmp_path / "p.yaml"
+    f.write_text(
+        f"rules:\n  - {{id: {builtin[0]}, effect: prefer, backends: [flashinfer_cutlass], "
+        "reason: ours}\n"
+    )
+    settings = _settings(f)
+    assert [r.id for r in settings.rules] == builtin
+    assert settings.rules[0].origin == f"file:{f}:2:5"
+
+
 def test_missing_policy_file_names_where_it_was_listed(tmp_path: Path):
     """A listed file that does not exist is an error naming the list's origin."""
     missing = tmp_path / "nope.yaml"
