@@ -121,6 +121,9 @@ class EnvSource(Source):
                 origin = Origin.env(AITER if AITER in env else AITER_MOE)
                 out.context.append(Entry("rocm.aiter", True, origin))
                 out.settings.append(Entry("backend", "aiter", origin))
+            elif AITER not in env:  # only the MoE switch is set: the master is off by default
+                why = f"{AITER_MOE} without {AITER} (off by default)"
+                out.context.append(Entry("rocm.aiter", False, Origin.derived(why)))
             else:
                 off = AITER if not master else AITER_MOE
                 out.context.append(Entry("rocm.aiter", False, Origin.env(off)))

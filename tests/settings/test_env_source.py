@@ -115,6 +115,10 @@ def test_the_aiter_moe_switch_alone_does_not_switch_aiter_on():
     settings = _settings({"VLLM_ROCM_USE_AITER_MOE": "1"})
     assert settings.request is None
     assert settings.context["rocm.aiter"].value is False
+    # named as what it is: the unset master switch's default, not a variable that is set
+    assert str(settings.context["rocm.aiter"].origin) == (
+        "derived:VLLM_ROCM_USE_AITER_MOE without VLLM_ROCM_USE_AITER (off by default)"
+    )
 
 
 @pytest.mark.parametrize("blank", ["", "  ", "\t"])
