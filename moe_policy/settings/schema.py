@@ -72,10 +72,13 @@ def validate_setting(
                 f"{key}: expected a backend name or 'auto', got {value!r}", origin, key=key
             )
         name = value.strip().lower().replace("-", "_")
-        if name != "auto" and name not in catalog:
+        # a backend of the engine's other oracles is a request this layer cannot run (the
+        # request pass overrides it, loudly), not an unknown name
+        if name != "auto" and name not in catalog.policy_names:
             raise PolicyError(
-                f"unknown MoE backend {value!r}{did_you_mean(name, (*catalog.names, 'auto'))}; "
-                f"known: auto, {', '.join(catalog.names)}",
+                f"unknown MoE backend {value!r}"
+                f"{did_you_mean(name, (*catalog.policy_names, 'auto'))}; "
+                f"known: auto, {', '.join(catalog.policy_names)}",
                 origin,
                 key=key,
                 code="unknown-backend",

@@ -3,7 +3,8 @@
 ``triton`` under the batched format becomes ``batched_triton`` (an adaptation,
 recorded) where the catalog has it. A request for an eliminated backend becomes an
 override carrying that backend's reason code, the pass that eliminated it, and the
-request's origin.
+request's origin; so does a request for a backend of the engine's other oracles
+(``quantization_unsupported``: vLLM's ``marlin`` asked for an unquantized layer).
 Version-added: 0.1.0.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moe_policy.core.context import SelectionContext
-from moe_policy.core.decision import Adaptation, Override
+from moe_policy.core.decision import Adaptation, Override, ReasonCode
 from moe_policy.core.keys import format_cause
 from moe_policy.core.passes import Candidates, PassInputs, PassResult, TraceEntry
 
@@ -50,6 +51,20 @@ class RequestPass:
                 )
             )
             wanted = adapted
+        if wanted not in inputs.catalog:  # a backend of the engine's other oracles
+            trace.append(
+                Override(
+                    requested=request.backend,
+                    selected=None,
+                    reason_code=ReasonCode.QUANTIZATION_UNSUPPORTED,
+                    detail=f"{wanted} belongs to another of the engine's oracles, not the "
+                    f"one deciding this layer (model.quantization="
+                    f"{ctx.get('model.quantization')}), whose backends are "
+                    f"{', '.join(inputs.catalog.names)}",
+                    pass_name=NAME,
+                    origin=request.origin,
+                )
+            )
         out = []
         for cand in candidates:
             if cand.backend == wanted:

@@ -674,6 +674,20 @@ def test_moe_policy_engine_naming_this_vllm_is_accepted(monkeypatch):
     assert built.unquantized_backend is oracle.UnquantizedMoeBackend.TRITON
 
 
+def test_another_oracles_backend_from_the_environment_is_overridden_on_an_unquantized_layer(
+    monkeypatch,
+):
+    """MOE_POLICY_BACKEND=marlin, set for a GPTQ model, on an unquantized layer (a draft layer,
+    say): warned as a request that cannot run here, and a kernel vLLM builds."""
+    load_plugins(monkeypatch)
+    built, caught = build_method(QWEN3_H200, {"MOE_POLICY_BACKEND": "marlin"})
+    [warning] = [w.message for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    assert warning.override.reason_code.value == "quantization_unsupported"
+    assert warning.override.origin == "env:MOE_POLICY_BACKEND"
+    assert built.unquantized_backend is oracle.UnquantizedMoeBackend.TRITON
+    build_kernel(QWEN3_H200, built)
+
+
 def test_a_required_audit_that_cannot_be_written_names_where_it_was_set(monkeypatch, tmp_path):
     load_plugins(monkeypatch)
     env = {"MOE_POLICY_AUDIT_LOG": str(tmp_path / "missing" / "audit.jsonl"),
