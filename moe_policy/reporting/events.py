@@ -4,7 +4,8 @@ Event names are part of the contract: ``moe_policy.decision`` (info, once per
 fingerprint per process, with a count), ``moe_policy.request_overridden``
 (warning), ``moe_policy.request_adapted`` (info), ``moe_policy.knob_ignored``
 (warning), ``moe_policy.rule_audit`` (info), ``moe_policy.no_feasible_backend``
-(error), ``moe_policy.audit_failed`` (warning); the cross-rank check adds
+(error), ``moe_policy.audit_failed`` (warning); the vLLM plugin adds
+``moe_policy.settings_invalid`` (error, at plugin load); the cross-rank check adds
 ``moe_policy.agreement`` (info), ``moe_policy.decision_mismatch`` (error, or warning
 under ``consistency: warn``) and ``moe_policy.decision_inputs_differ`` (warning).
 The library never configures logging: without a structlog configuration in the process the

@@ -10,12 +10,14 @@ callers), and :func:`~moe_policy.integrations.vllm.selection.select_fp8_moe_back
 :func:`~moe_policy.integrations.vllm.selection.select_mxfp4_moe_backend` and ``..._nvfp4_...``
 ``..._mxfp8_...``, ``..._int8_...``, ``..._w4a8_...`` and ``..._w4a8_int8_...`` in their oracles and
 every quantization method that calls them, ``..._wna16_...`` in the GPTQ and AWQ methods; a second call changes nothing. A vLLM release no profile describes fails here,
-at plugin load, with the list of known profiles.
+at plugin load, with the list of known profiles; bad settings are reported there too (the
+``moe_policy.settings_invalid`` event), and stop start-up at the first MoE layer.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 #: Marks the functions this plugin installed (idempotent registration).
@@ -141,6 +143,8 @@ def register() -> None:
             except ImportError:  # its optional dependency is missing: vLLM cannot use it either
                 continue
             _install(module, function, routed)
+    attach_to_vllm_logging()
+    selection.check_settings_at_load(os.environ)
 
 
 def _routed(select: Any) -> Any:

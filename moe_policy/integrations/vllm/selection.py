@@ -84,6 +84,30 @@ def check_engine_variable(profile: EngineProfile, environ: Mapping[str, str]) ->
         )
 
 
+def check_settings_at_load(environ: Mapping[str, str]) -> PolicyError | None:
+    """The serving environment's settings (``MOE_POLICY_*``, the vLLM variables the profile
+    reads, the policy files they name) checked when vLLM loads the plugin, before any model is
+    downloaded: the error, reported as a ``moe_policy.settings_invalid`` event, or None.
+    vLLM's plugin loader only logs what ``register`` raises, so the first MoE layer still
+    stops start-up on it."""
+    from moe_policy.reporting.events import get_logger
+    from moe_policy.settings import resolve_settings
+
+    try:
+        profile = engine_profile()
+        check_engine_variable(profile, environ)
+        resolve_settings(load_catalog(profile), environ=environ, engine=profile)
+    except PolicyError as exc:
+        get_logger().error(
+            "moe_policy.settings_invalid",
+            origin=exc.origin,
+            error=exc.message,
+            detail="vLLM stops at its first MoE layer",
+        )
+        return exc
+    return None
+
+
 def _config_key(config: Any) -> tuple[Any, ...]:
     """Every field of a layer's ``FusedMoEConfig`` (its parallel config inside). vLLM's
     experts classes read per-layer fields no policy fact describes (hash routing, routes

@@ -7,6 +7,7 @@ own tests do); the loader, the method, the oracle and the experts classes are vL
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import warnings
@@ -180,6 +181,32 @@ def test_strict_mode_fails_the_layer_build_with_the_policy_message(monkeypatch):
         BackendOverrideError, match=r"'flashinfer_cutlass' \(from env:MOE_POLICY_BACKEND\)"
     ):
         build_method(NEMOTRON_LORA, env)
+
+
+def test_bad_settings_are_reported_when_vllm_loads_the_plugin(monkeypatch, caplog):
+    """A bad MOE_POLICY_* value shows in the log as vLLM loads the plugin, before any model is
+    downloaded; routing is installed all the same, so the first MoE layer stops on it (vLLM's
+    loader only logs what a plugin raises: raising would leave vLLM's own selection running)."""
+    monkeypatch.setenv("MOE_POLICY_MODE", "strictt")
+    with caplog.at_level(logging.ERROR, logger="moe_policy"):
+        load_plugins(monkeypatch)
+    [record] = [r for r in caplog.records if r.getMessage().startswith("moe_policy.settings_")]
+    fields = record.moe_policy  # type: ignore[attr-defined]
+    assert (fields["event"], fields["origin"]) == (
+        "moe_policy.settings_invalid",
+        "env:MOE_POLICY_MODE",
+    )
+    assert "strictt" in fields["error"]
+    assert method.select_unquantized_moe_backend is not VLLM_SELECT
+    with pytest.raises(PolicyError, match=r"^env:MOE_POLICY_MODE: "):
+        build_method(QWEN3_H200, {})
+
+
+def test_good_settings_are_not_reported_at_load(monkeypatch, caplog):
+    monkeypatch.setenv("MOE_POLICY_MODE", "strict")
+    with caplog.at_level(logging.DEBUG, logger="moe_policy"):
+        load_plugins(monkeypatch)
+    assert not [r for r in caplog.records if "settings_invalid" in r.getMessage()]
 
 
 def test_a_typo_in_the_backend_variable_is_one_clear_error(monkeypatch):
