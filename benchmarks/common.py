@@ -64,8 +64,8 @@ __all__ = [  # this module's names and the tuning modules' it passes on to the b
     "alloc_block",
     "at_least",
     "capture_graph",
-    "check_out_dir",
     "check_out_file",
+    "cuda_device_name",
     "duty_fraction",
     "event_ms",
     "expected_experts",
@@ -88,7 +88,6 @@ __all__ = [  # this module's names and the tuning modules' it passes on to the b
     "positive_int",
     "read_json",
     "replays_us",
-    "require_gpu",
     "rest_s",
     "routing_sets",
     "shape_adapters",
@@ -99,6 +98,7 @@ __all__ = [  # this module's names and the tuning modules' it passes on to the b
     "time_graph_held_us",
     "time_graph_us",
     "time_graphs_interleaved",
+    "writable_dir",
     "write_json",
 ]
 
@@ -363,12 +363,6 @@ def read_json(path: str) -> Any:
         raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg})") from None
 
 
-def check_out_dir(path: str) -> str:
-    """``path``, a folder results go into: created if missing and checked writable before any
-    work; ValueError saying why not."""
-    return writable_dir(path)
-
-
 def check_out_file(path: str) -> str:
     """``path``, a results file written at the end of a run, checked before it: not a
     directory, FIFO or device, its folder created if missing and writable; ValueError."""
@@ -376,16 +370,10 @@ def check_out_file(path: str) -> str:
         raise ValueError(f"cannot write to {path!r} (a directory)")
     if os.path.exists(path) and not os.path.isfile(path):
         raise ValueError(f"cannot write to {path!r} (not a regular file)")
-    check_out_dir(os.path.dirname(path) or ".")
+    writable_dir(os.path.dirname(path) or ".")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise ValueError(f"cannot write to {path!r} (Permission denied)")
     return path
-
-
-def require_gpu(what: str) -> str:
-    """The CUDA device's name; ValueError without torch or a CUDA GPU (``what``: why one is
-    needed, as the message's end)."""
-    return cuda_device_name(what)
 
 
 def time_graph_us(

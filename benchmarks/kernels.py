@@ -64,7 +64,7 @@ from benchmarks.common import (
     add_shape_args,
     alloc_block,
     at_least,
-    check_out_dir,
+    cuda_device_name,
     duty_fraction,
     experts_config,
     gpu_state,
@@ -79,7 +79,6 @@ from benchmarks.common import (
     plot_ratios,
     positive_int,
     read_json,
-    require_gpu,
     routing_sets,
     shape_adapters,
     shape_weights,
@@ -87,6 +86,7 @@ from benchmarks.common import (
     time_graph_held_us,
     time_graph_us,
     time_graphs_interleaved,
+    writable_dir,
     write_json,
 )
 
@@ -915,12 +915,14 @@ def main() -> None:
             p.error(f"--merge {exc}")
     if args.out:
         try:
-            check_out_dir(args.out)
+            writable_dir(args.out)
         except ValueError as exc:
             p.error(f"--out: {exc}")
     if not args.merge:
         try:
-            require_gpu("the benchmark times the kernels on one (--table and --merge need none)")
+            cuda_device_name(
+                "the benchmark times the kernels on one (--table and --merge need none)"
+            )
         except ValueError as exc:
             p.exit(2, f"{p.prog}: error: {exc}\n")
         payloads = []

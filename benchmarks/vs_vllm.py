@@ -50,13 +50,13 @@ from benchmarks.common import (
     FIXED_MATMUL_TFLOPS,
     SHAPES,
     MoEShape,
-    check_out_dir,
+    cuda_device_name,
     lower_bound_us,
     positive_float,
     positive_int,
     read_json,
-    require_gpu,
     routing_sets,
+    writable_dir,
     write_json,
 )
 
@@ -580,11 +580,11 @@ def main(argv: list[str] | None = None) -> int:
         extracted_path(args.vllm_dir)
         if args.out:
             try:
-                check_out_dir(args.out)
+                writable_dir(args.out)
             except ValueError as exc:
                 raise VsVllmError(f"cli:--out: {exc}") from None
         try:
-            require_gpu("the comparison times both kernels on one GPU")
+            cuda_device_name("the comparison times both kernels on one GPU")
         except ValueError as exc:
             raise VsVllmError(str(exc)) from None
         module = load_vllm(args.vllm_dir)

@@ -36,15 +36,15 @@ from benchmarks.common import (
     SHAPES,
     MoEShape,
     add_shape_args,
-    check_out_dir,
+    cuda_device_name,
     duty_fraction,
     lower_bound_us,
     measure_ceilings,
     positive_int,
     read_json,
-    require_gpu,
     routing_sets,
     time_graphs_interleaved,
+    writable_dir,
 )
 from moe_policy.experts.triton.config import (
     CONFIG_DIR,
@@ -303,11 +303,11 @@ def main() -> None:
             print(f"# {args.write_best} has no entries: nothing merged")
         return
     try:
-        check_out_dir(args.out)
+        writable_dir(args.out)
     except ValueError as exc:
         p.error(f"--out: {exc}")
     try:
-        device = require_gpu("the comparison times the layers on the GPU the configs are for")
+        device = cuda_device_name("the comparison times the layers on the GPU the configs are for")
     except ValueError as exc:
         p.exit(2, f"{p.prog}: error: {exc}\n")
 

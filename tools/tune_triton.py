@@ -30,13 +30,13 @@ from benchmarks.common import (
     SHAPES,
     MoEShape,
     add_shape_args,
-    check_out_dir,
+    cuda_device_name,
     kernel_times,
     nonnegative_int,
     positive_float,
     read_json,
-    require_gpu,
     routing_sets,
+    writable_dir,
 )
 from moe_policy.experts.triton.config import (
     GemmConfig,
@@ -280,7 +280,7 @@ def main() -> None:
     p.add_argument("--from-log", help="write the config files of a tune_log.json and exit")
     args = p.parse_args()
     try:
-        check_out_dir(args.out)
+        writable_dir(args.out)
     except ValueError as exc:
         p.error(f"--out: {exc}")
     if args.from_log:
@@ -296,7 +296,7 @@ def main() -> None:
         write_from_log(args.from_log, args.out)
         return
     try:
-        device = require_gpu("tuning times the kernels on the GPU they are tuned for")
+        device = cuda_device_name("tuning times the kernels on the GPU they are tuned for")
     except ValueError as exc:
         p.exit(2, f"{p.prog}: error: {exc}\n")
     try:

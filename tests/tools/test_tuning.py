@@ -338,7 +338,7 @@ def test_tuner_from_log_refuses_a_fifo_and_a_broken_tuned_file_in_out(tmp_path, 
 @pytest.mark.parametrize("module", [tune_triton, compare_configs], ids=["tune", "compare"])
 def test_gpu_runs_without_the_kernels_say_so_before_any_work(module, tmp_path, monkeypatch,
                                                              capsys):  # fmt: skip
-    """The GPU runs check for torch and a CUDA GPU first (``benchmarks.common.require_gpu``;
+    """The GPU runs check for torch and a CUDA GPU first (``benchmarks.common.cuda_device_name``;
     ``test_kernels`` sees its "no CUDA GPU" line): the tuner spawned its compile workers and
     died in them (a CUDA generator RuntimeError), the comparison on torch.cuda, both
     tracebacks. torch is hidden here, so that no test pays its import."""
@@ -415,7 +415,7 @@ def test_compare_refuses_a_variant_no_point_offers(tmp_path, monkeypatch, capsys
     import sys
     import types
 
-    monkeypatch.setattr(compare_configs, "require_gpu", lambda why: "NVIDIA H200")
+    monkeypatch.setattr(compare_configs, "cuda_device_name", lambda why: "NVIDIA H200")
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
     line = _main_error(compare_configs, monkeypatch, capsys, "--shapes", "qwen3-30b-a3b",
                        "--tokens", "256", "--variants", "plian", "--out", str(tmp_path))  # fmt: skip
