@@ -90,6 +90,13 @@ def check_common_layout(
         )
     if config.has_bias and (w13_bias is None or w2_bias is None):
         raise ValueError(f"has_bias=True needs w13_bias [{e}, {n1}] and w2_bias [{e}, {h}]")
+    check_bias_shapes(e, n1, h, w13_bias, w2_bias)
+
+
+def check_bias_shapes(
+    e: int, n1: int, h: int, w13_bias: torch.Tensor | None, w2_bias: torch.Tensor | None
+) -> None:
+    """ValueError unless each bias given is [E, N1] (w13) or [E, H] (w2)."""
     for name, bias, shape in (("w13_bias", w13_bias, (e, n1)), ("w2_bias", w2_bias, (e, h))):
         if bias is not None and tuple(bias.shape) != shape:
             raise ValueError(f"expected {name} {shape}, got {tuple(bias.shape)}")

@@ -18,7 +18,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts, check_devices
+from moe_policy.experts.base import (
+    ExpertsConfig,
+    FusedMoEExperts,
+    check_bias_shapes,
+    check_devices,
+)
 from moe_policy.experts.lora import MoELoRAContext, check_lora
 
 
@@ -107,9 +112,7 @@ def check_inputs(
         topk_ids.is_floating_point() or topk_ids.dtype == torch.bool
     ):
         raise ValueError(f"x, w13, w2, topk_weights must be float and topk_ids int; got {got}")
-    for name, bias, shape in (("w13_bias", w13_bias, (e, n1)), ("w2_bias", w2_bias, (e, h))):
-        if bias is not None and tuple(bias.shape) != shape:
-            raise ValueError(f"expected {name} {shape}, got {tuple(bias.shape)}")
+    check_bias_shapes(e, n1, h, w13_bias, w2_bias)
     check_devices(x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
                   w13_bias=w13_bias, w2_bias=w2_bias)  # fmt: skip
     if lora is not None:
