@@ -26,7 +26,8 @@ from moe_policy.core.decision import (
 from moe_policy.core.keys import CONTEXT_KEYS
 from moe_policy.core.passes import ExtraCheck, Pass, PassInputs, TraceEntry
 from moe_policy.core.passes.feasibility import seed_candidates
-from moe_policy.core.pipeline import DEFAULT_PIPELINE
+from moe_policy.core.passes.request import RequestPass
+from moe_policy.core.pipeline import DEFAULT_PIPELINE, pass_names
 from moe_policy.core.policy import Policy
 
 
@@ -44,6 +45,12 @@ class Resolver:
         self.policy = policy
         self.inputs = PassInputs(catalog, policy, dict(extra_checks or {}))
         self.passes: tuple[Pass, ...] = tuple(pipeline)
+        if not any(isinstance(p, RequestPass) for p in self.passes):
+            raise ValueError(
+                f"the selection pipeline ({', '.join(pass_names(self.passes)) or 'empty'}) "
+                "has no RequestPass: an explicit backend request would be dropped without "
+                "an override record or warning"
+            )
         #: Rank-local keys enter the fingerprint only when a rule decides on them.
         ruled = {key for rule in policy.rules for key in rule.keys}
         self.excluded_keys = frozenset(
@@ -101,6 +108,12 @@ class Resolver:
             outcome = Outcome.AUTO
         elif overrides or backend != request.backend:
             outcome = Outcome.OVERRIDDEN
+            if not overrides:
+                raise ValueError(
+                    f"the selection pipeline ({', '.join(pass_names(self.passes))}) chose "
+                    f"{backend} over the request for {request.backend} without recording "
+                    "why: put RequestPass after every pass that eliminates candidates"
+                )
         else:
             outcome = Outcome.HONORED
         experts_class = None

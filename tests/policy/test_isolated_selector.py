@@ -98,3 +98,35 @@ def test_selector_takes_the_deployment_keywords_directly(qwen3):
     assert decision.context["platform"] == ("cuda", "api")
     with pytest.raises(PolicyError, match="did you mean 'lora'"):
         Selector(qwen3, environ={}, lorra=True)
+
+
+def test_a_pipeline_without_the_request_pass_is_refused(nemotron):
+    from moe_policy.core.pipeline import DEFAULT_PIPELINE
+
+    without_request = tuple(p for p in DEFAULT_PIPELINE if p.name != "request")
+    with pytest.raises(ValueError, match="has no RequestPass: an explicit backend request"):
+        isolated_selector(nemotron, pipeline=without_request)
+
+
+def test_a_request_dropped_by_a_late_pass_is_an_error_not_a_silent_override(nemotron):
+    from moe_policy.core.passes.feasibility import FeasibilityPass
+    from moe_policy.core.passes.lora import LoRAPass
+    from moe_policy.core.passes.ranking import RankingPass
+    from moe_policy.core.passes.request import RequestPass
+
+    # The request is marked before LoRA eliminates flashinfer_cutlass: no pass records why.
+    early_request = (FeasibilityPass(), RequestPass(), LoRAPass(), RankingPass())
+    sel = isolated_selector(
+        nemotron, backend="flashinfer_cutlass", lora=True, pipeline=early_request
+    )
+    with pytest.raises(ValueError, match="chose triton over the request for flashinfer_cutlass"):
+        sel.decide()
+    in_order = isolated_selector(
+        nemotron,
+        backend="flashinfer_cutlass",
+        lora=True,
+        pipeline=(*early_request[:1], LoRAPass(), RequestPass(), RankingPass()),
+    ).decide()
+    assert in_order.outcome.value == "overridden"
+    assert in_order.override is not None
+    assert in_order.override.reason_code.value == "lora_unsupported"
