@@ -183,3 +183,80 @@ def test_the_module_level_api_audits_without_deadlocking(tmp_path):
     worker.join(timeout=30)
     assert done == ["triton"]
     assert len(lines(path)) == 1
+
+
+def test_a_path_with_a_nul_byte_is_a_failed_write_not_a_crash(tmp_path):
+    """A policy file can spell ``"\\0"`` in a path: os.open's ValueError used to escape
+    ``select`` as a traceback; it is a failed write like any other (warned, or raised when
+    required)."""
+    import structlog
+
+    from moe_policy.api import Selector
+    from moe_policy.reporting.audit import AuditWriteError
+    from tests.bundled import NEMOTRON
+
+    target = str(tmp_path / "a\0b.jsonl")
+    error = AuditSink(target).write({"n": 1})
+    assert isinstance(error, OSError) and "NUL" in str(error)
+    assert list(tmp_path.iterdir()) == []
+    for required in (False, True):
+        policy = tmp_path.parent / f"{tmp_path.name}-nul-{required}.yaml"
+        policy.write_text(
+            f'version: 1\naudit:\n  path: "{tmp_path}/a\\0b.jsonl"\n'
+            f"  required: {str(required).lower()}\n"
+        )
+        selector = Selector(
+            NEMOTRON, environ={}, policy_files=[str(policy)], platform="cuda", capability="9.0"
+        )
+        if required:
+            with pytest.raises(AuditWriteError, match="NUL byte"):
+                selector.select(0)
+            continue
+        with structlog.testing.capture_logs() as logs:
+            assert selector.select(0).backend == "triton"
+        [failed] = [e for e in logs if e["event"] == "moe_policy.audit_failed"]
+        assert "NUL byte" in failed["error"]
+
+
+FORKING = """
+import json, os, sys
+import structlog
+structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
+from moe_policy.api import Selector
+path, model = sys.argv[1], sys.argv[2]
+env = {"MOE_POLICY_AUDIT_LOG": path}
+Selector(model, environ=env, platform="cuda", capability="9.0").select(0)
+children = []
+for k in range(4):
+    pid = os.fork()
+    if pid == 0:  # each child decides after the fork: three of their own, one the parent's
+        keywords = {"max_loras": k + 1, "lora": True} if k < 3 else {}
+        Selector(model, environ=env, platform="cuda", capability="9.0", **keywords).select(0)
+        os._exit(0)
+    children.append(pid)
+print(json.dumps([os.waitpid(pid, 0)[1] for pid in children]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_children_issue_decision_ids_and_counts_of_their_own(tmp_path):
+    """Decision ids are a per-process prefix and a counter, and counts are per process: four
+    children forked after the parent decided each get a prefix and a count of their own."""
+    from tests.bundled import NEMOTRON, REPO
+
+    path = tmp_path / "audit.jsonl"
+    out = subprocess.run(
+        [sys.executable, "-c", FORKING, str(path), NEMOTRON],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert out.returncode == 0 and json.loads(out.stdout) == [0, 0, 0, 0], out.stderr
+    records = [json.loads(line) for line in lines(path)]
+    assert len(records) == 5 and len({r["pid"] for r in records}) == 5
+    assert len({r["fingerprint"] for r in records}) == 4
+    prefixes = {r["decision_id"].split("-")[0] for r in records}
+    assert len(prefixes) == 5, [r["decision_id"] for r in records]
+    # The child that repeats the parent's decision counts it as its own first.
+    assert all(r["count"] == 1 for r in records), [r["count"] for r in records]

@@ -70,6 +70,21 @@ def next_decision_id() -> str:
     return f"{STATE.id_prefix}-{next(STATE.id_counter):08x}"
 
 
+def _after_fork_in_child() -> None:
+    """A forked child is a new process: its own decision-id prefix, its own reporting memory
+    ("once per fingerprint per process"), and new locks (one held by another thread at the
+    fork would never be released here)."""
+    STATE.id_prefix = os.urandom(4).hex()
+    STATE.selectors_lock = threading.Lock()
+    STATE.audit_lock = threading.Lock()
+    STATE.reporting.lock = threading.Lock()
+    STATE.reporting.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def reset() -> None:
     """Forget cached selectors, the probed platform, the catalog and what was reported, and
     close the audit files.

@@ -206,6 +206,8 @@ def _open_audit_file(path: str) -> tuple[int, tuple[int, int]]:
     """Open ``path`` for appending, refusing what is not a private, regular JSON-lines file."""
     # Read-write: the last byte tells whether a fragment needs closing before a new line.
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    if "\0" in path:  # os.open raises ValueError, which no caller expects from a sink
+        raise OSError(errno.EINVAL, "the path contains a NUL byte")
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as exc:
