@@ -165,3 +165,36 @@ def test_audit_path_from_the_environment(tmp_path):
         selector.select()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["count"] for r in records] == [1, 2, 3]
+
+
+ENGINE_WITHOUT_LOGGING = """
+import sys
+from moe_policy.api import Selector
+selector = Selector(sys.argv[1], environ={"MOE_POLICY_AUDIT_LOG": sys.argv[2]},
+                    platform="cuda", capability="9.0")
+print(selector.select(0).backend)
+"""
+
+
+def test_a_newline_in_a_field_never_splits_the_stdlib_log_line(tmp_path):
+    """An engine that configured no logging: the audit_failed warning reaches stderr through
+    Python's last-resort handler, once and on one line, even when the path holds a newline
+    (values with any whitespace or control character are quoted); stdout stays clean."""
+    import subprocess
+    import sys
+
+    from tests.bundled import REPO
+
+    target = str(tmp_path / "missing\nERROR:moe_policy.forged" / "audit.jsonl")
+    out = subprocess.run(
+        [sys.executable, "-c", ENGINE_WITHOUT_LOGGING, NEMOTRON, target],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "triton\n"
+    [line] = out.stderr.splitlines()
+    assert line.startswith("moe_policy.audit_failed ")
+    assert f"path={target!r}" in line

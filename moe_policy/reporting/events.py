@@ -58,8 +58,12 @@ def _to_stdlib_record(_logger: Any, _method: str, event_dict: MutableMapping[str
 
 
 def _plain(value: Any) -> str:
+    """The value as one token: quoted when empty or holding whitespace or a control
+    character, so a newline in a value (a path, an origin) never starts a forged line."""
     text = str(value)
-    return repr(text) if (" " in text or not text) else text
+    if not text or any(c.isspace() or not c.isprintable() for c in text):
+        return repr(text)
+    return text
 
 
 def warn_at_caller(warning: Warning) -> None:
