@@ -107,12 +107,15 @@ def check_agreement(
             (e.g. a bad ``mode=``); that rank re-raises its own error. Either way every
             rank has taken part in the collective, so none is left waiting.
     """
-    decisions = list(decisions)
     rank = _global_rank()
     failure: Exception | None = None
+    mine_decisions: list[Decision] = []
     try:
-        mine = local_mode(decisions, mode)
-        summary = rank_summary(decisions, rank=rank, host=hostname(), mode=mine)
+        # Inside the try: a generator of ``selector.select(i)`` calls may raise here (strict
+        # mode, no feasible backend), and this rank must still take part in the gather.
+        mine_decisions = list(decisions)
+        mine = local_mode(mine_decisions, mode)
+        summary = rank_summary(mine_decisions, rank=rank, host=hostname(), mode=mine)
     except Exception as exc:  # reported to every rank through the gather, then raised
         failure, mine = exc, None
         summary = {"rank": rank, "host": hostname(), "problem": f"{type(exc).__name__}: {exc}"}
@@ -129,7 +132,7 @@ def check_agreement(
         )
     report = compare_summaries(gathered, rank=rank)
     _log(report)
-    _audit(report, decisions, audit, mine)
+    _audit(report, mine_decisions, audit, mine)
     if not report.agreed and report.mode == "error":
         raise DecisionMismatchError(report)
     return report

@@ -106,6 +106,16 @@ def bad_mode(rank: int, world: int, _out: Path) -> dict[str, Any]:
     return {"decisions": _decisions(), "mode": "loud" if rank == world - 1 else None}
 
 
+def raising_selection(rank: int, world: int, _out: Path) -> dict[str, Any]:
+    """The last rank passes a generator of selections that raises (strict mode, a requested
+    backend its host lacks): it raises its own error, the others AgreementCheckError naming it,
+    and none waits on it."""
+    last = rank == world - 1
+    env = {"MOE_POLICY_MODE": "strict", "MOE_POLICY_BACKEND": "flashinfer_cutlass"} if last else {}
+    selector = _selector(env, NO_FLASHINFER if last else ALL_PACKAGES)
+    return {"decisions": (selector.select(i) for i in LAYERS)}
+
+
 SCENARIOS: dict[str, Callable[[int, int, Path], dict[str, Any]]] = {
     "agree": agree,
     "env_backend": env_backend,
@@ -116,6 +126,7 @@ SCENARIOS: dict[str, Callable[[int, int, Path], dict[str, Any]]] = {
     "inputs_differ": inputs_differ,
     "audited": audited,
     "bad_mode": bad_mode,
+    "raising_selection": raising_selection,
 }
 #: Scenarios that need two ranks or more to mean anything.
 MULTI_RANK = (
@@ -126,6 +137,7 @@ MULTI_RANK = (
     "mixed_mode",
     "inputs_differ",
     "bad_mode",
+    "raising_selection",
 )
 
 
@@ -169,6 +181,10 @@ def simulate_hosts(rank: int, world: int) -> None:
     distributed.hostname = lambda: name  # type: ignore[assignment]
 
 
+#: Scenarios in which the last rank raises its own error and the others AgreementCheckError.
+RAISING = {"bad_mode": "PolicyError", "raising_selection": "BackendOverrideError"}
+
+
 def verify(
     name: str, results: Sequence[Mapping[str, Any]], world: int, out: Path | None = None
 ) -> list[str]:
@@ -181,7 +197,7 @@ def verify(
     for r in results:
         if expect_error and r["raised"] != "DecisionMismatchError":
             problems.append(f"rank {r['rank']}: expected DecisionMismatchError, got {r['raised']}")
-        if not expect_error and name != "bad_mode" and r["raised"] is not None:
+        if not expect_error and name not in RAISING and r["raised"] is not None:
             problems.append(f"rank {r['rank']}: unexpected {r['raised']}: {r['message']}")
     messages = {r["message"] for r in results}
     if expect_error and len(messages) != 1:
@@ -210,8 +226,8 @@ def verify(
         for r in results:
             if not any(e["event"] == "moe_policy.decision_inputs_differ" for e in r["events"]):
                 problems.append(f"rank {r['rank']}: no moe_policy.decision_inputs_differ event")
-    if name == "bad_mode":
-        want = ["AgreementCheckError"] * last + ["PolicyError"]
+    if name in RAISING:
+        want = ["AgreementCheckError"] * last + [RAISING[name]]
         if [r["raised"] for r in results] != want:
             problems.append(f"expected {want}, got {[r['raised'] for r in results]}")
     if name == "audited" and out is not None:

@@ -179,6 +179,16 @@ def test_a_rank_that_cannot_build_its_summary_fails_every_rank(results):
     assert "rank 3 (host-b)" in outcomes[0]["message"] and "api:mode" in outcomes[0]["message"]
 
 
+def test_a_rank_whose_selection_raises_inside_the_check_fails_every_rank(results):
+    """Rank 3's decisions are a generator whose first selection raises (strict mode, a
+    backend its host lacks): it raises BackendOverrideError, the others AgreementCheckError
+    naming it, after the one round; none is left waiting in the collective."""
+    outcomes = results["raising_selection"]
+    assert [r["raised"] for r in outcomes] == ["AgreementCheckError"] * 3 + ["BackendOverrideError"]
+    assert "rank 3 (host-b)" in outcomes[0]["message"]
+    assert "BackendOverrideError" in outcomes[0]["message"]
+
+
 def test_outcome_is_audited_once_per_rank(results, group_dir):
     """Each rank appends one ``kind: "agreement"`` line with its rank and the world size."""
     lines = [json.loads(x) for x in (group_dir / "audit.jsonl").read_text().splitlines()]
