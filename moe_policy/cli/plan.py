@@ -56,8 +56,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="deployment matrix (YAML); default: the bundled configs/matrices/default.yaml",
     )
-    parser.add_argument("--json", action="store_true", help="print the changes as JSON")
-    parser.add_argument(
+    output = parser.add_mutually_exclusive_group()  # --json --format markdown: which one?
+    output.add_argument("--json", action="store_true", help="print the changes as JSON")
+    output.add_argument(
         "--format", choices=FORMATS, default="table", help="table (default) or markdown"
     )
     return parser
@@ -76,6 +77,11 @@ def resolve_policy(spec: str, flag: str, workdir: Path, rename: dict[str, str]) 
         rev, sep, path = spec[4:].partition(":")
         if not sep or not rev or not path:
             raise PolicyError(f"expected git:REV:PATH, got {spec!r}", origin)
+        if rev.startswith("-"):
+            # `git show --output=FILE:PATH` would write FILE: a revision is never an option
+            raise PolicyError(
+                f"expected git:REV:PATH, got {spec!r} (a revision cannot start with '-')", origin
+            )
         done = subprocess.run(
             ["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=False
         )

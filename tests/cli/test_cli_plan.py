@@ -182,3 +182,27 @@ def test_a_new_rule_shows_only_where_it_matches() -> None:
     changes = run.json()["changes"]
     assert changes and {c["platform"] for c in changes} == {"NVIDIA B200"}
     assert all(c["deployment"].endswith("-lora") for c in changes)
+
+
+def test_git_revision_that_is_an_option_is_refused(tmp_path: Path) -> None:
+    """``git:--output=FILE:PATH`` must not reach ``git show`` as an option (it would write
+    FILE and read the new policy as empty)."""
+    target = tmp_path / "written"
+    spec = f"git:--output={target}:configs/default.yaml"
+    run = run_cli("plan", "--from", "configs/default.yaml", "--to", spec)
+    assert run.returncode == 2, run.stderr
+    assert run.errors() == [
+        f"moe-policy: error: cli:--to: expected git:REV:PATH, got {spec!r} "
+        "(a revision cannot start with '-')"
+    ]
+    assert not list(tmp_path.iterdir())
+
+
+def test_json_and_format_together_are_refused() -> None:
+    """``--json --format markdown`` is one error, not markdown silently dropped."""
+    run = run_cli("plan", "--to", "strict", "--format", "markdown", "--json")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.errors() == [
+        "moe-policy: error: cli:--json: not allowed with argument --format "
+        "(see moe-policy plan --help)"
+    ]
