@@ -11,7 +11,6 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from moe_policy.core import state
@@ -63,7 +62,15 @@ def _load_model_like(model: ModelLike) -> ModelFacts:
     if isinstance(model, Mapping):
         return model_facts_from_mapping(model)
     if isinstance(model, (str, os.PathLike)):
-        return load_model(Path(model))
+        # As written: ``./NAME`` is a path, never the bundled NAME; so is any PathLike.
+        spec = model if isinstance(model, str) else os.path.join(".", os.fspath(model))
+        if not isinstance(spec, str) or not spec.strip():
+            raise PolicyError(
+                f"model must name a config.json, a model directory or a bundled model, "
+                f"got {spec!r}",
+                "api:model",
+            )
+        return load_model(spec)
     raise PolicyError(
         f"model must be a path, a config mapping or ModelFacts, got {type(model).__name__}",
         "api:model",
@@ -245,8 +252,13 @@ def _env_key() -> tuple[tuple[str, str], ...]:
 
 
 def _freeze(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, Mapping):  # keys of any type: ordered by type name, then text
+        return tuple(
+            sorted(
+                ((k, _freeze(v)) for k, v in value.items()),
+                key=lambda item: (type(item[0]).__name__, str(item[0])),
+            )
+        )
     if isinstance(value, (list, tuple, set, frozenset)):
         return tuple(_freeze(v) for v in value)
     if isinstance(value, ModelFacts):
@@ -262,7 +274,11 @@ def selector_for(
     **arguments: Any,
 ) -> Selector:
     """A cached Selector for these arguments and the current relevant environment."""
-    model_key = str(model) if isinstance(model, (str, os.PathLike)) else _freeze(model)
+    model_key = (
+        (type(model).__name__, os.fspath(model))
+        if isinstance(model, (str, os.PathLike))
+        else _freeze(model)
+    )
     key = (model_key, _freeze(policy_files), _freeze(overrides), _freeze(arguments), _env_key())
     selector: Selector | None = STATE.selectors.get(key)
     if selector is None:

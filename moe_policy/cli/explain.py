@@ -261,6 +261,17 @@ def profile_path(name: str) -> Path:
     return profiles[name]
 
 
+def model_arg(spec: str) -> str:
+    """``--model``, refused when empty (``Path("")`` is the current directory)."""
+    if not spec.strip():
+        raise PolicyError(
+            "an empty value is not a model (give a config.json, a model directory or a "
+            "bundled model's name)",
+            Origin.cli("--model"),
+        )
+    return spec
+
+
 def run(args: argparse.Namespace) -> int:
     """Resolve, print (human or JSON), then report; exceptions carry the exit code."""
     from moe_policy.api import Selector
@@ -270,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     profiles = [str(profile_path(name)) for name in args.profile]
     files = [*profiles, *(args.policy or [])] if (profiles or args.policy) else None
     selector = Selector(
-        args.model,
+        model_arg(args.model),
         policy_files=files,
         explicit=entries,
         files_origin=Origin.cli("--policy"),

@@ -9,6 +9,7 @@ the same id replaces the earlier one.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -173,6 +174,8 @@ def resolve_settings(
     """
     env = EnvSource(environ)
     notices: list[Notice] = []
+    if isinstance(policy_files, (str, os.PathLike)):  # one file, not its characters
+        policy_files = [os.fspath(policy_files)]
     if policy_files is not None:
         origin = files_origin or Origin.api("policy_files")
         files = [(str(p), origin) for p in policy_files]

@@ -186,6 +186,32 @@ def test_an_unknown_model_name_lists_the_bundled_ones(tmp_path):
     ]
 
 
+def test_an_empty_model_is_an_error_not_the_current_directory(tmp_path):
+    """`--model ""` names no model: it is refused, never read as `.` (whose config.json
+    would then be decided on without a word)."""
+    (tmp_path / "config.json").write_text((REPO / "configs/models/qwen3-30b-a3b.json").read_text())
+    run = run_cli("explain", "--model", "", *H200, cwd=tmp_path)
+    assert run.returncode == 2
+    assert run.errors() == [
+        "moe-policy: error: cli:--model: an empty value is not a model (give a config.json, "
+        "a model directory or a bundled model's name)"
+    ]
+
+
+def test_a_relative_path_is_a_path_not_a_bundled_name(tmp_path):
+    """`./qwen3-30b-a3b` is a file in the current directory: missing, it is an error, not
+    the bundled model of that name."""
+    run = run_cli("explain", "--model", "./qwen3-30b-a3b", *H200, cwd=tmp_path)
+    assert run.returncode == 2
+    assert run.errors() == ["moe-policy: error: file:./qwen3-30b-a3b: file not found"]
+    (tmp_path / "qwen3-30b-a3b").write_text(
+        (REPO / "configs/models/mixtral-8x7b-instruct-v0.1.json").read_text()
+    )
+    local = run_cli("explain", "--model", "./qwen3-30b-a3b", *H200, "--json", cwd=tmp_path)
+    assert local.returncode == 0, local.stderr
+    assert local.json()["context"]["model.num_experts"]["value"] == 8
+
+
 def test_bundled_profiles_by_name():
     strict = run_cli(
         "explain", "--model", NEMOTRON_REL, *H200, "--lora", "--backend", "flashinfer_cutlass",

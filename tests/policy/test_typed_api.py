@@ -180,3 +180,36 @@ def test_a_probed_capability_that_is_not_major_minor_is_unknown_and_reported(
     facts = platform.probe()
     assert facts.capability == expected
     assert bool(facts.problems) is (expected is None)
+
+
+def test_a_model_is_read_as_written(tmp_path, monkeypatch):
+    """``./NAME`` and a ``Path`` are paths, never the bundled model of that name; an empty
+    string is refused, never the current directory's config.json."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(Path(NEMOTRON).read_text())
+    for empty in ("", "  "):
+        with pytest.raises(PolicyError, match=r"^api:model: model must name .*got '"):
+            moe_policy.select_backend(empty, **H200)
+    for missing in ("./qwen3-30b-a3b", Path("qwen3-30b-a3b")):
+        with pytest.raises(PolicyError, match=r"qwen3-30b-a3b: file not found"):
+            moe_policy.select_backend(missing, **H200)
+    bundled = moe_policy.select_backend("qwen3-30b-a3b", **H200)
+    assert bundled.context["model.num_experts"][0] == 128
+    (tmp_path / "qwen3-30b-a3b").write_text(Path(MIXTRAL).read_text())
+    for local in ("./qwen3-30b-a3b", Path("qwen3-30b-a3b")):
+        assert moe_policy.select_backend(local, **H200).context["model.num_experts"][0] == 8
+    # The selector cache tells the bundled name from the local file of the same name.
+    assert moe_policy.select_backend("qwen3-30b-a3b", **H200).context["model.num_experts"][0] == 128
+
+
+def test_a_mapping_with_keys_of_mixed_types_is_decided_not_a_type_error():
+    config = {**json.loads(Path(MIXTRAL).read_text()), 1: 2}
+    assert moe_policy.select_backend(config, **H200).backend == "triton"
+
+
+def test_one_policy_file_as_a_string_is_one_file_not_its_characters(tmp_path):
+    policy = tmp_path / "strict.yaml"
+    policy.write_text("version: 1\nmode: strict\n")
+    for given in (str(policy), policy):
+        decision = moe_policy.select_backend(MIXTRAL, policy_files=given, **H200)
+        assert decision.mode == "strict"
