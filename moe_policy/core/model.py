@@ -285,19 +285,16 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     if dtype is not None:
         name = str(dtype[1]).lower().removeprefix("torch.")
         if name not in _DTYPE_NAMES:
-            raise PolicyError(f"{dtype[0]}: unknown dtype {dtype[1]!r}", dtype[2], key=dtype[0])
+            raise PolicyError(
+                f"{dtype[0]}: unknown dtype {dtype[1]!r} (known: {', '.join(_DTYPE_NAMES)})",
+                dtype[2],
+                key=dtype[0],
+            )
         facts["model.dtype"] = (_DTYPE_NAMES[name], dtype[2])
     else:
         facts["model.dtype"] = ("bf16", Origin("default"))
 
-    quant = reader.first(("quantization_config",))
-    if quant is not None and not isinstance(quant[1], Mapping):
-        raise PolicyError(
-            f"{quant[0]}: expected a mapping (with quant_method), got {shown(quant[1])}",
-            quant[2],
-            key=quant[0],
-        )
-    facts.update(quantization.from_config(loaded))
+    facts.update(_quantization(reader))
 
     facts["model.routing"] = _routing(reader, model_type, facts)
     facts["model.router_weight_on_input"] = (
@@ -306,6 +303,32 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     )
     facts.setdefault("model.has_bias", (False, Origin("default")))
     return ModelFacts(path, facts)
+
+
+#: Where a config keeps its quantization settings: ``compression_config`` is what older
+#: compressed-tensors exports write (vLLM reads it when ``quantization_config`` is absent).
+QUANT_KEYS = ("quantization_config", "compression_config")
+
+
+def _quantization(reader: _Reader) -> dict[str, tuple[Any, Origin]]:
+    """The quantization facts: the config's own ``quantization_config`` (else its
+    ``compression_config``), else one in a nested text config, else MLX's or a ModelOpt
+    sidecar's (``quantization.from_config``). A quantization mapping is never passed over."""
+    top_first = sorted(reader.scopes, key=lambda scope: len(scope[0]))
+    for prefix, scope in top_first:
+        for key in QUANT_KEYS:
+            found, value = _lookup(scope, key)
+            if not found or value is None:
+                continue
+            name = ".".join((*prefix, key))
+            if not isinstance(value, Mapping):
+                raise PolicyError(
+                    f"{name}: expected a mapping (with quant_method), got {shown(value)}",
+                    reader.origin(prefix, key),
+                    key=name,
+                )
+            return quantization.quantization_facts(reader.loaded, (*prefix, key))
+    return quantization.from_config(reader.loaded)
 
 
 def _refuse_null_expert_size(reader: _Reader) -> None:

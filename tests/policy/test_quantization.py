@@ -212,3 +212,39 @@ def test_unknown_or_broken_schemes_are_one_error_naming_the_key(case, tmp_path):
     text = str(info.value)
     assert message in text
     assert f"file:{path}:" in text  # file:line:col of the key
+
+
+@pytest.mark.parametrize(
+    ("where", "name"),
+    [
+        ((), "compression_config"),  # older compressed-tensors exports; vLLM reads it too
+        (("text_config",), "quantization_config"),
+        (("language_config",), "quantization_config"),
+    ],
+)
+def test_a_quantization_mapping_elsewhere_is_read_not_passed_over(where, name, tmp_path):
+    """A model quantized in another key of its config is not read as unquantized."""
+    config = json.loads(Path(QWEN3).read_text())
+    node = config
+    for part in where:
+        node = node.setdefault(part, {})
+    node[name] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=2))
+    facts = load_model(path)
+    assert facts.value("model.quantization") == "fp8"
+    assert facts.value("model.quant.block") == "128x128"
+    assert str(facts.facts["model.quant.block"][1]).startswith(f"file:{path}:")
+
+
+def test_a_nested_quantization_that_is_not_a_mapping_is_an_error(tmp_path):
+    config = json.loads(Path(QWEN3).read_text())
+    config["text_config"] = {"quantization_config": "fp8"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=2))
+    with pytest.raises(PolicyError) as info:
+        load_model(path)
+    assert "text_config.quantization_config: expected a mapping (with quant_method)" in str(
+        info.value
+    )
+    assert f"file:{path}:" in str(info.value)
