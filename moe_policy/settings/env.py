@@ -100,12 +100,14 @@ class EnvSource(Source):
                 )
         self._load_vllm(out, catalog)
         for name, key in OUR_VARIABLES.items():
-            if key is None or name not in self.environ:
+            if name not in self.environ:
                 continue
             raw = self.environ[name]
             origin = Origin.env(name)
-            if raw.strip() == "":
+            if raw.strip() == "":  # every reader of these variables takes blank as unset
                 out.notices.append(Notice(name, str(origin), "set but empty; ignored"))
+                continue
+            if key is None:
                 continue
             out.settings.append(
                 Entry(key, validate_setting(key, raw, origin, catalog, as_text=True), origin)

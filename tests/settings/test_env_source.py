@@ -203,3 +203,22 @@ def test_the_audit_profiles_directory_variable_is_known(tmp_path, monkeypatch):
     profile = str(paths.PROFILES_DIR / "audit.yaml")
     settings = resolve_settings(load_catalog(), policy_files=[profile])
     assert settings.value("audit.path") == f"{tmp_path}/moe-policy-decisions.jsonl"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "MOE_POLICY_FILES",
+        "MOE_POLICY_ENGINE",
+        "MOE_POLICY_AUDIT_DIR",
+        "MOE_POLICY_TUNED_CONFIG_DIR",
+    ],
+)
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_variable_that_sets_no_key_is_ignored_with_a_notice(name, blank):
+    """The variables read elsewhere (the files, the engine, the audit and tuned-file
+    directories) take a blank value as unset too, and say so, as the others do."""
+    settings = _settings({name: blank})
+    assert [(n.name, n.origin, n.detail) for n in settings.notices] == [
+        (name, f"env:{name}", "set but empty; ignored")
+    ]
