@@ -33,7 +33,8 @@ Mode
     outcome is logged (``moe_policy.agreement``, info) and written to the audit sink
     as a ``kind: "agreement"`` record (one line per rank).
 
-Importing this module never imports torch; ``check_agreement`` does, lazily.
+Importing this module never imports torch; ``check_agreement`` does, lazily (without
+torch installed it checks this process alone).
 """
 
 from __future__ import annotations
@@ -109,16 +110,22 @@ def check_agreement(
     """
     rank = _global_rank()
     failure: Exception | None = None
-    mine_decisions: list[Decision] = []
+    sink: AuditSink | None = None
     try:
         # Inside the try: a generator of ``selector.select(i)`` calls may raise here (strict
         # mode, no feasible backend), and this rank must still take part in the gather.
         mine_decisions = list(decisions)
         mine = local_mode(mine_decisions, mode)
         summary = rank_summary(mine_decisions, rank=rank, host=hostname(), mode=mine)
+        # A required audit this rank cannot open fails every rank, not this one alone.
+        sink = _agreement_sink(mine_decisions, audit)
+        if sink is not None and sink.required and (error := sink.check()) is not None:
+            raise AuditWriteError(f"audit log {sink.path!r} could not be written: {error}")
     except Exception as exc:  # reported to every rank through the gather, then raised
         failure, mine = exc, None
         summary = {"rank": rank, "host": hostname(), "problem": f"{type(exc).__name__}: {exc}"}
+        if sink is not None and sink is not audit:
+            sink.close()
     gathered = _all_gather(summary, group)
     if failure is not None:
         raise failure
@@ -132,24 +139,31 @@ def check_agreement(
         )
     report = compare_summaries(gathered, rank=rank)
     _log(report)
-    _audit(report, mine_decisions, audit, mine)
+    if sink is not None:
+        _audit(report, sink, mine, close=sink is not audit)
     if not report.agreed and report.mode == "error":
         raise DecisionMismatchError(report)
     return report
 
 
-def _global_rank() -> int:
-    import torch.distributed as dist
+def _initialised_dist() -> Any:
+    """``torch.distributed`` when a process group is up; None without one (or without torch:
+    the base install has none, and then this process is a group of one)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
 
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return 0
+
+def _global_rank() -> int:
+    dist = _initialised_dist()
+    return 0 if dist is None else int(dist.get_rank())
 
 
 def _all_gather(summary: dict[str, Any], group: Any) -> list[dict[str, Any]]:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
+    dist = _initialised_dist()
+    if dist is None:
         if group is not None:
             raise PolicyError(
                 "a process group was given but torch.distributed is not initialised", "api:group"
@@ -247,27 +261,30 @@ def agreement_record(report: AgreementReport, mode: tuple[str, str] | None) -> d
     }
 
 
+def _agreement_sink(
+    decisions: Sequence[Decision], audit: AuditSink | str | None
+) -> AuditSink | None:
+    """The sink for the agreement line: ``audit=``, else the decisions' ``audit.path``."""
+    if isinstance(audit, AuditSink):
+        return audit
+    if isinstance(audit, str):
+        return AuditSink(audit)
+    settings = next(
+        (d.run_settings for d in decisions if d.run_settings.get("audit.path", (None,))[0]),
+        None,
+    )
+    if settings is None:
+        return None
+    return AuditSink(
+        str(settings["audit.path"][0]), bool(settings.get("audit.required", (False,))[0])
+    )
+
+
 def _audit(
-    report: AgreementReport,
-    decisions: Sequence[Decision],
-    audit: AuditSink | str | None,
-    mode: tuple[str, str] | None,
+    report: AgreementReport, sink: AuditSink, mode: tuple[str, str] | None, *, close: bool
 ) -> None:
-    sink = audit
-    if sink is None:
-        settings = next(
-            (d.run_settings for d in decisions if d.run_settings.get("audit.path", (None,))[0]),
-            None,
-        )
-        if settings is None:
-            return
-        sink = AuditSink(
-            str(settings["audit.path"][0]), bool(settings.get("audit.required", (False,))[0])
-        )
-    elif isinstance(sink, str):
-        sink = AuditSink(sink)
     error = sink.write(agreement_record(report, mode))
-    if audit is None or isinstance(audit, str):
+    if close:
         sink.close()
     if error is None:
         return

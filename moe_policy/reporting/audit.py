@@ -129,6 +129,16 @@ class AuditSink:
             self.written += 1
             return None
 
+    def check(self) -> OSError | None:
+        """Open the file now (as a write would), without writing: the error, or None."""
+        with self._lock:
+            try:
+                self._descriptor()
+            except OSError as exc:
+                self.close_locked()
+                return exc
+            return None
+
     def _locked_descriptor(self, fcntl: Any) -> int:
         """The descriptor, locked, of the file the path names once the lock is held.
 

@@ -116,6 +116,18 @@ def raising_selection(rank: int, world: int, _out: Path) -> dict[str, Any]:
     return {"decisions": (selector.select(i) for i in LAYERS)}
 
 
+def required_audit(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """The last rank's required audit sink cannot be opened (its directory is missing): it
+    raises AuditWriteError before its summary goes out, the others AgreementCheckError naming
+    it, so no rank starts while another has stopped."""
+    if rank != world - 1:
+        return {"decisions": _decisions()}
+    from moe_policy.reporting.audit import AuditSink
+
+    missing = str(out / "no-such-directory" / "audit.jsonl")
+    return {"decisions": _decisions(), "audit": AuditSink(missing, required=True)}
+
+
 SCENARIOS: dict[str, Callable[[int, int, Path], dict[str, Any]]] = {
     "agree": agree,
     "env_backend": env_backend,
@@ -127,6 +139,7 @@ SCENARIOS: dict[str, Callable[[int, int, Path], dict[str, Any]]] = {
     "audited": audited,
     "bad_mode": bad_mode,
     "raising_selection": raising_selection,
+    "required_audit": required_audit,
 }
 #: Scenarios that need two ranks or more to mean anything.
 MULTI_RANK = (
@@ -138,6 +151,7 @@ MULTI_RANK = (
     "inputs_differ",
     "bad_mode",
     "raising_selection",
+    "required_audit",
 )
 
 
@@ -182,7 +196,11 @@ def simulate_hosts(rank: int, world: int) -> None:
 
 
 #: Scenarios in which the last rank raises its own error and the others AgreementCheckError.
-RAISING = {"bad_mode": "PolicyError", "raising_selection": "BackendOverrideError"}
+RAISING = {
+    "bad_mode": "PolicyError",
+    "raising_selection": "BackendOverrideError",
+    "required_audit": "AuditWriteError",
+}
 
 
 def verify(

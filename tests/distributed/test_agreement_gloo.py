@@ -189,6 +189,16 @@ def test_a_rank_whose_selection_raises_inside_the_check_fails_every_rank(results
     assert "BackendOverrideError" in outcomes[0]["message"]
 
 
+def test_a_required_audit_one_rank_cannot_open_fails_every_rank(results):
+    """Rank 3's required audit file cannot be opened: it raises AuditWriteError, the others
+    AgreementCheckError naming it, instead of three ranks starting and one stopping."""
+    outcomes = results["required_audit"]
+    assert [r["raised"] for r in outcomes] == ["AgreementCheckError"] * 3 + ["AuditWriteError"]
+    assert "rank 3 (host-b)" in outcomes[0]["message"]
+    assert "AuditWriteError" in outcomes[0]["message"]
+    assert "no-such-directory" in outcomes[3]["message"]
+
+
 def test_outcome_is_audited_once_per_rank(results, group_dir):
     """Each rank appends one ``kind: "agreement"`` line with its rank and the world size."""
     lines = [json.loads(x) for x in (group_dir / "audit.jsonl").read_text().splitlines()]

@@ -25,3 +25,25 @@ def test_import_and_decide_without_torch_or_triton():
     )
     result = json.loads(out.stdout)
     assert result == {"after_import": [], "backend": "triton", "heavy": []}
+
+
+WITHOUT_TORCH = f"""
+import json, sys
+sys.modules["torch"] = None  # as on the base install: `import torch` raises ImportError
+from moe_policy import Selector
+from moe_policy.distributed import check_agreement
+selector = Selector({NEMOTRON!r}, environ={{}}, platform="cuda", capability="9.0")
+report = check_agreement(selector.select(i) for i in range(3))
+print(json.dumps({{"agreed": report.agreed, "world_size": report.world_size,
+                   "layers": report.layers}}))
+"""
+
+
+def test_the_agreement_check_runs_without_torch_as_a_group_of_one():
+    """The base install has no torch, so no process group: the check compares this process's
+    decisions alone instead of failing on the import."""
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH], capture_output=True, text=True, cwd=REPO
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"agreed": True, "world_size": 1, "layers": 3}
