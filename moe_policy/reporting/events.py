@@ -14,7 +14,9 @@ events are records of the stdlib logger ``moe_policy`` (see ``get_logger``).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 import sys
 import warnings
 from collections.abc import MutableMapping
@@ -50,11 +52,25 @@ def get_logger() -> Any:
 
 
 def _to_stdlib_record(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> Any:
-    """``moe_policy.decision backend=triton ...`` as the message, the fields as ``extra``."""
+    """``moe_policy.decision backend=triton ...`` as the message, the fields as ``extra``;
+    the record's file and line are moe_policy's call, not structlog's (``stacklevel``)."""
     fields = dict(event_dict)
     event = fields.pop("event", "")
     text = " ".join(f"{key}={_plain(value)}" for key, value in sorted(fields.items()))
-    return (f"{event} {text}".rstrip(),), {"extra": {LOGGER_NAME: {"event": event, **fields}}}
+    extra = {LOGGER_NAME: {"event": event, **fields}}
+    return (f"{event} {text}".rstrip(),), {"extra": extra, "stacklevel": _structlog_frames()}
+
+
+def _structlog_frames() -> int:
+    """How many structlog frames lie between the logging call and moe_policy's caller."""
+    frame, count = sys._getframe(2), 0  # above this function and the processor
+    while frame is not None and frame.f_code.co_filename.startswith(_STRUCTLOG_DIR):
+        count += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return max(count, 1)
+
+
+_STRUCTLOG_DIR = os.path.dirname(importlib.util.find_spec("structlog").origin or "")  # type: ignore[union-attr]
 
 
 def _plain(value: Any) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import structlog
@@ -37,6 +38,10 @@ def test_events_are_stdlib_records_at_their_levels(unconfigured_structlog, caplo
     assert overridden.getMessage().startswith("moe_policy.request_overridden ")
     assert "reason_code=lora_unsupported" in overridden.getMessage()
     assert overridden.moe_policy["origin"] == "api"
+    # An engine's "[file:line]" format names moe_policy's call, not structlog's internals.
+    package = str(Path(moe_policy.__file__).parent)
+    assert all(r.pathname.startswith(package) for r in records), [r.pathname for r in records]
+    assert {r.filename for r in records} == {"events.py"}
 
 
 def test_the_logger_level_filters_before_anything_is_rendered(unconfigured_structlog, caplog):
