@@ -279,7 +279,14 @@ def selector_for(
         if isinstance(model, (str, os.PathLike))
         else _freeze(model)
     )
-    key = (model_key, _freeze(policy_files), _freeze(overrides), _freeze(arguments), _env_key())
+    key = (
+        model_key,
+        _freeze(policy_files),
+        _freeze(overrides),
+        _freeze(arguments),
+        _env_key(),
+        STATE.pinned_platform,  # a selector built under override_platform stays in its block
+    )
     selector: Selector | None = STATE.selectors.get(key)
     if selector is None:
         with STATE.selectors_lock:

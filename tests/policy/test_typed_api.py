@@ -213,3 +213,20 @@ def test_one_policy_file_as_a_string_is_one_file_not_its_characters(tmp_path):
     for given in (str(policy), policy):
         decision = moe_policy.select_backend(MIXTRAL, policy_files=given, **H200)
         assert decision.mode == "strict"
+
+
+def test_override_platform_pins_the_platform_for_its_block_only():
+    """The selector cache of select_backend keys on the pinned platform: a selector built
+    before the block is not reused inside it, nor one built inside it after it."""
+    from moe_policy import PlatformFacts, override_platform
+
+    cpu = PlatformFacts("cpu", packages=("torch",), origin="pinned")
+    h200 = PlatformFacts("cuda", "9.0", "NVIDIA H200", ("torch", "triton"), origin="pinned")
+    with override_platform(cpu):
+        before = moe_policy.select_backend(MIXTRAL)
+        with override_platform(h200):
+            inside = moe_policy.select_backend(MIXTRAL)
+        after = moe_policy.select_backend(MIXTRAL)
+    assert inside.context["platform"][0] == "cuda" and inside.backend == "triton"
+    assert before.context["platform"][0] == after.context["platform"][0] == "cpu"
+    assert after.backend == before.backend != "triton"
