@@ -394,3 +394,34 @@ def test_cuda_graph_replay_follows_device_counts() -> None:
         out = combine_from_batched(yb, d.index_map, w, t)
         ref = reference_output(cfg, wt, x, w, ids, MoELoRAContext(ad, token_lora))
         assert rel_err(out, ref) < GPU_BF16_REL_L2
+
+
+def test_counts_above_capacity_and_strided_counts_and_enabled(device: str) -> None:
+    """A count above M is taken as M (its rows past M were the next expert's: x read from and
+    out written to them), and a strided ``expert_num_tokens`` or ``enabled`` view is read by
+    element, not as if contiguous (the kernels read counts[e] and enabled[l] at unit stride)."""
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(3, 24, 16, 1)
+    wt = make_weights(cfg, dtype, device)
+    x = make_x(12, 24, dtype, device).view(3, 4, 24)
+    counts = torch.tensor([4, 1, 2], dtype=torch.int32, device=device)
+    want = batched_fused_experts(x, counts, wt["w13"], wt["w2"])
+    out = torch.full_like(x, 7.0)
+    batched_fused_experts(x, torch.tensor([6, 1, 2], dtype=torch.int32, device=device),
+                          wt["w13"], wt["w2"], out=out)  # fmt: skip
+    assert torch.equal(out[0], want[0]) and torch.equal(out[1, :1], want[1, :1])
+    assert bool((out[1, 1:] == 7.0).all()), "expert 0's rows past M landed in expert 1's"
+
+    strided = torch.stack([counts, torch.zeros_like(counts)], 1)[:, 0]
+    valid = torch.arange(4, device=device)[None, :] < counts[:, None]
+    got = batched_fused_experts(x, strided, wt["w13"], wt["w2"])
+    assert torch.equal(got[valid], want[valid])
+
+    ad = make_lora(cfg, num_slots=3, max_rank=8, ranks=[8, 8, 8], disabled=(1,), dtype=dtype,
+                   device=device)  # fmt: skip
+    slots = torch.tensor([[0, 1, 2, -1]] * 3, dtype=torch.int32, device=device)
+    flags = torch.tensor([[1, 9], [0, 9], [1, 9]], dtype=torch.int32, device=device)[:, 0]
+    base = batched_fused_experts(x, counts, wt["w13"], wt["w2"], lora=MoELoRAContext(ad, slots))
+    view = dataclasses.replace(ad, enabled=flags)
+    got = batched_fused_experts(x, counts, wt["w13"], wt["w2"], lora=MoELoRAContext(view, slots))
+    assert torch.equal(got[valid], base[valid])

@@ -32,7 +32,9 @@ Kernels (two launches without LoRA, four with):
   4. ``_batched_gemm_kernel`` GEMM2: ``a @ W2^T`` + bias + LoRA expand ``v @ B2^T``.
 
 No host synchronisation (CUDA-graph capturable): grids come from the static ``E`` and
-``M``; programs whose M-block starts at or past the device-side count return at once.
+``M``; programs whose M-block starts at or past the device-side count return at once. A count
+above ``M`` (invalid; checking it would need a host sync) is taken as ``M``: the kernels never
+touch rows past ``M``, which belong to the next expert.
 
 Limits: bf16/fp16 (fp32 under the interpreter or for tests); adapters in the activation
 dtype; LoRA rank padded to ``max(16, next_pow2(R))`` inside the kernels; every adapter slot
@@ -180,7 +182,9 @@ def _batched_gemm_kernel(
     rem = pid % (num_m * num_n)
     pid_n = rem // num_m
     pid_m = rem % num_m
-    count = tl.load(counts_ptr + e)
+    # a count above M (invalid, not checkable without a host sync) is clamped to M: rows past
+    # M would be the next expert's rows of x and out
+    count = tl.minimum(tl.load(counts_ptr + e), M)
     if pid_m * BLOCK_M >= count:
         return
     e64 = e.to(tl.int64)
@@ -305,7 +309,7 @@ def _lora_shrink_kernel(
     num_m = tl.cdiv(M, BLOCK_M)
     e = pid // num_m
     pid_m = pid % num_m
-    count = tl.load(counts_ptr + e)
+    count = tl.minimum(tl.load(counts_ptr + e), M)  # as in the GEMM: at most M rows
     if pid_m * BLOCK_M >= count:
         return
     if tl.load(enabled_ptr + slot) == 0:
@@ -607,7 +611,7 @@ def batched_fused_experts(
     if e_count == 0 or m_cap == 0:
         return out
     x = x if x.stride(2) == 1 else x.contiguous()
-    counts = expert_num_tokens.to(torch.int32)
+    counts = expert_num_tokens.to(torch.int32).contiguous()  # the kernels read counts[e]
     interleaved = activation == "swigluoai"
     act = ACTIVATION_CODES[activation]
 
@@ -615,7 +619,7 @@ def batched_fused_experts(
     if lora is not None:
         ad = lora.adapters
         slot_map = lora.token_lora_mapping.to(torch.int32)
-        enabled = ad.enabled.to(device=x.device, dtype=torch.int32)
+        enabled = ad.enabled.to(device=x.device, dtype=torch.int32).contiguous()  # enabled[l]
         u = batched_lora_shrink(x, ad.w13_a, slot_map, enabled, counts, 2 if gated else 1)
         lora13 = (slot_map, enabled, u, ad.w13_b)
 
