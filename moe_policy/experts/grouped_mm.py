@@ -102,6 +102,8 @@ def grouped_mm_fused_moe(
             f"x, w13, w2 and the LoRA weights must share one of {_DTYPES} (grouped_mm "
             f"operands); got x {x.dtype}, weights {[m.dtype for m in mats]}"
         )
+    if ad is not None and (ad.num_slots == 0 or ad.max_rank == 0):
+        lora = None  # no slot or rank 0: every delta is zero (and [L*E, 0, H] views are ambiguous)
     t_count, hidden = x.shape
     e_count = w13.shape[0]
     inter = w2.shape[2]

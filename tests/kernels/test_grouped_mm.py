@@ -15,7 +15,7 @@ from moe_policy.experts.grouped_mm import (
     grouped_mm_fn,
     grouped_mm_fused_moe,
 )
-from moe_policy.experts.lora import MoELoRAContext
+from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
 from moe_policy.experts.reference import fused_moe_reference
 from moe_policy.experts.testing import (
     FULL_SHAPES,
@@ -280,3 +280,22 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
     graph.replay()
     ref2 = reference_output(cfg, wt, x, w, ids, lora)
     assert rel_err(out, ref2) < GPU_BF16_REL_L2
+
+
+@pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
+def test_pipeline_adapters_without_slots_or_rank_give_the_base_on_cpu() -> None:
+    """Adapters with no slot or max rank 0 add nothing (they raised IndexError and a reshape
+    RuntimeError)."""
+    cfg = ExpertsConfig(4, 32, 16, 2)
+    wt = make_weights(cfg, torch.float32, "cpu")
+    x = torch.randn(5, 32)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 1], [3, 0], [2, -1]], dtype=torch.int32)
+    w = torch.rand(5, 2)
+    base = grouped_mm_fused_moe(x, wt["w13"], wt["w2"], w, ids)
+    for slots, rank in ((0, 8), (2, 0)):
+        ad = MoELoRAAdapters.allocate(num_slots=slots, num_experts=4, hidden_size=32,
+                                      intermediate_size=16, max_rank=rank, num_slices=2,
+                                      dtype=torch.float32)  # fmt: skip
+        ad.enabled.fill_(1)
+        lora = MoELoRAContext(ad, torch.zeros(5, dtype=torch.int32))
+        assert torch.equal(grouped_mm_fused_moe(x, wt["w13"], wt["w2"], w, ids, lora=lora), base)

@@ -494,3 +494,30 @@ def test_lora_with_dependent_launches_matches_reference(naive, device):
                            config=replace(TILES_16_TMA, pdl=True), lora=ctx, naive=naive)  # fmt: skip
     err = rel_err(out, reference_output(cfg, wts, x, tw, ti, ctx, dtype=torch.float64))
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+def test_lora_strided_enabled_is_refused_and_empty_adapters_give_the_base(device):
+    """A strided ``enabled`` view is refused (the kernels read enabled[slot] at unit stride: a
+    [L, 2][:, 0] view enabled the wrong slots); adapters with no slot or max rank 0 give the
+    base output (a guard: with no slot the B tiles ahead were addressed at slot -1)."""
+    cfg = ExpertsConfig(4, 24, 16, 2, "silu")
+    wts = make_weights(cfg, torch.float32, device)
+    backend = TritonExperts(cfg, wts["w13"], wts["w2"])
+    x = make_x(5, 24, torch.float32, device)
+    tw, ti = make_routing(5, 4, 2, device)
+    ad = make_lora(cfg, num_slots=3, max_rank=8, ranks=[8, 8, 8], dtype=torch.float32,
+                   device=device)  # fmt: skip
+    flags = torch.tensor([[1, 9], [0, 9], [1, 9]], dtype=torch.int32, device=device)[:, 0]
+    m = lora_mapping(5, "round_robin", 3, device)
+    with pytest.raises(
+        ValueError, match=r"enabled must be contiguous int32 \[L=3\].*strides \(2,\)"
+    ):
+        backend.apply(x, tw, ti, lora_context(dataclasses.replace(ad, enabled=flags), m))
+    base = backend.apply(x, tw, ti)
+    for slots, rank in ((0, 8), (2, 0)):
+        empty = MoELoRAAdapters.allocate(num_slots=slots, num_experts=4, hidden_size=24,
+                                         intermediate_size=16, max_rank=rank, num_slices=2,
+                                         dtype=torch.float32, device=device)  # fmt: skip
+        empty.enabled.fill_(1)
+        mapping = torch.zeros(5, dtype=torch.int32, device=device)
+        assert torch.equal(backend.apply(x, tw, ti, lora_context(empty, mapping)), base)

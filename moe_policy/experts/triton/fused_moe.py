@@ -103,8 +103,9 @@ def _check_lora(lora: MoELoRAContext, x: torch.Tensor, e: int, i: int, gated: bo
     )
     en = ad.enabled
     _check(
-        en.dtype == torch.int32,
-        f"enabled must be int32 [L={ad.num_slots}], got shape {tuple(en.shape)} dtype {en.dtype}",
+        en.dtype == torch.int32 and en.is_contiguous(),  # the kernels read enabled[slot]
+        f"enabled must be contiguous int32 [L={ad.num_slots}], got shape {tuple(en.shape)} "
+        f"dtype {en.dtype} strides {en.stride()}",
     )
 
 
@@ -180,6 +181,8 @@ def fused_moe_triton(
         )  # fmt: skip
     if lora is not None:
         _check_lora(lora, x, e, i, gated)
+        if lora.adapters.num_slots == 0 or lora.adapters.max_rank == 0:
+            lora = None  # no slot or rank 0: every delta is zero (and B at slot -1 never read)
     lora_shape = (lora.adapters.num_slots, lora.adapters.max_rank) if lora is not None else (0, 0)
     problem = MoEProblem(
         t, topk_ids.shape[1], e, h, i, gated, activation, x.element_size(),
