@@ -181,7 +181,7 @@ def render_table(
     if result.cells:
         rows = [
             [
-                f"{cell.deployment}",
+                cell.label,
                 cell.platform,
                 cell.layer,
                 change.field,
@@ -208,7 +208,7 @@ def render_table(
                 limits[4:] = [min(natural[0], room - because), because]
             lines.append(table(rows, HEADERS, limits))
         else:
-            keys = [[cell.deployment, cell.platform, cell.layer] for cell in result.cells]
+            keys = [[cell.label, cell.platform, cell.layer] for cell in result.cells]
             keyed = table(keys, HEADERS[:3]).splitlines()
             lines.extend(keyed[:2])
             pad = " " * UNDER_INDENT
@@ -238,7 +238,7 @@ def render_markdown(result: Any, labels: tuple[str, str]) -> str:
         for cell in result.cells:
             for change in cell.changes:
                 lines.append(
-                    f"| {_md(cell.deployment)} | {_md(cell.platform)} | {cell.layer} | "
+                    f"| {_md(cell.label)} | {_md(cell.platform)} | {cell.layer} | "
                     f"{_md(change.field)} | {_md(_value(change.old))} → "
                     f"{_md(_value(change.new))} | {_md(_refs(change))} |"
                 )

@@ -139,6 +139,8 @@ class Cell:
     old: Outcome
     new: Outcome
     changes: tuple[Change, ...]
+    #: The deployment as a table shows it: ``name (model)`` when it lists several models.
+    label: str
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -335,7 +337,11 @@ def _plan(
     new_origin = new_origin or Origin.cli("--to")
     cells: list[Cell] = []
     decided = 0
+    models: dict[str, set[str]] = {}
     for d in deployments:
+        models.setdefault(d.name, set()).add(d.model)
+    for d in deployments:
+        label = f"{d.name} ({d.model})" if len(models[d.name]) > 1 else d.name
         for layer in d.layers:
             decided += 1
             before = planner.outcome(old_key, old_origin, d, layer)
@@ -344,5 +350,7 @@ def _plan(
                 continue
             changes = compare(before, after)
             if changes:
-                cells.append(Cell(d.name, d.model, d.platform, layer, before, after, changes))
+                cells.append(
+                    Cell(d.name, d.model, d.platform, layer, before, after, changes, label)
+                )
     return Plan(tuple(cells), decided, len(deployments), planner.selectors)

@@ -346,7 +346,16 @@ def test_plan_every_width_keeps_long_words_whole() -> None:
     rules = (("hopper-rule", origin), *((f"rule-{n}", f"file:p{n}.yaml:{n}:5") for n in range(3)))
     change = Change("experts_class", long_class, "TritonExperts", rules)
     cells = tuple(
-        Cell(f"mixtral-tp{n}", "mixtral", "NVIDIA H100", "moe", outcome, outcome, (change,))
+        Cell(
+            f"mixtral-tp{n}",
+            "mixtral",
+            "NVIDIA H100",
+            "moe",
+            outcome,
+            outcome,
+            (change,),
+            f"mixtral-tp{n}",
+        )
         for n in (1, 2)
     )
     result = Plan(cells, decided=4, deployments=2, selectors=2)

@@ -206,3 +206,33 @@ def test_json_and_format_together_are_refused() -> None:
         "moe-policy: error: cli:--json: not allowed with argument --format "
         "(see moe-policy plan --help)"
     ]
+
+
+def test_a_deployment_of_several_models_names_the_model_of_each_row(tmp_path: Path) -> None:
+    """Two models under one deployment: their rows would read alike, so the table and the
+    markdown name the model beside the deployment (a one-model deployment keeps its name)."""
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(
+        "deployments:\n"
+        "  - name: adapters\n"
+        "    model: [nemotron-3-nano-30b-a3b, qwen3-30b-a3b]\n"
+        "    platforms: {platform: cuda, capability: '9.0', device_name: NVIDIA H200}\n"
+        "    lora: true\n"
+        "    env: {MOE_POLICY_BACKEND: flashinfer_cutlass}\n"
+        "  - name: solo\n"
+        "    model: qwen3-30b-a3b\n"
+        "    platforms: {platform: cuda, capability: '9.0', device_name: NVIDIA H200}\n"
+        "    lora: true\n"
+        "    env: {MOE_POLICY_BACKEND: flashinfer_cutlass}\n"
+    )
+    table = run_cli("plan", "--to", "strict", "--matrix", str(matrix))
+    assert table.returncode == 1, table.stderr
+    rows = [line for line in table.stdout.splitlines() if "NVIDIA H200" in line]
+    assert {line.split("  ")[0] for line in rows} == {
+        "adapters (nemotron-3-nano-30b-a3b)",
+        "adapters (qwen3-30b-a3b)",
+        "solo",
+    }
+    markdown = run_cli("plan", "--to", "strict", "--matrix", str(matrix), "--format", "markdown")
+    assert "| adapters (qwen3-30b-a3b) |" in markdown.stdout
+    assert "| solo |" in markdown.stdout
