@@ -1,7 +1,8 @@
 """``moe-policy diff A B``: what differs between two audit logs or two decision records, per layer.
 
 Inputs are JSON-lines audit logs (decision records plus timestamp, host, pid, rank,
-count; ``kind: "agreement"`` lines are skipped) or single decision records
+count; ``kind: "agreement"`` lines are skipped, and so are torn lines, the start of a record
+whose write was cut short, each named on stderr) or single decision records
 (``explain --json``). Layers are matched by signature ``(layer.kind, layer.index)``;
 two files holding one record each are compared directly. Per layer it prints the
 backend, fingerprint, every context key whose value differs (each side's value and
@@ -76,6 +77,8 @@ class Loaded:
     layers: dict[Signature, dict[str, Variant]] = field(default_factory=dict)
     records: int = 0
     skipped: int = 0
+    #: Line numbers of torn lines: the start of a record whose write was cut short.
+    torn: list[int] = field(default_factory=list)
 
     def add(self, record: Mapping[str, Any]) -> None:
         layer = record["layer"]
@@ -99,8 +102,21 @@ class Loaded:
             "path": self.path,
             "records": self.records,
             "skipped": self.skipped,
+            "torn_lines": list(self.torn),
             "layers": len(self.layers),
         }
+
+    def torn_note(self) -> str | None:
+        """The stderr line that says which torn lines were skipped, if any."""
+        if not self.torn:
+            return None
+        count, numbers = len(self.torn), ", ".join(map(str, self.torn))
+        what = (
+            "1 torn line ({}): a fragment of a record whose write was cut short"
+            if count == 1
+            else f"{count} torn lines ({{}}): fragments of records whose writes were cut short"
+        )
+        return f"moe-policy diff: {self.path}: skipped {what.format(numbers)}"
 
 
 # --- Loading --------------------------------------------------------------------------------
@@ -152,12 +168,26 @@ def load(path: str) -> Loaded:
         for number, item in enumerate(document, 1):
             _take(loaded, item, f"file:{path}: item {number}")
         return loaded
-    for number, line in enumerate(text.split("\n"), 1):
+    lines = text.split("\n")
+    if _multi_line_document(lines):  # a JSON document over several lines that does not parse
+        try:
+            _json(stripped)
+        except json.JSONDecodeError as exc:
+            raise DiffInputError(
+                f"file:{path}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg})"
+            ) from None
+        except ValueError as exc:
+            reason = str(exc).split(";")[0]
+            raise DiffInputError(f"file:{path}: not JSON ({reason})") from None
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             item = _json(line)
         except json.JSONDecodeError as exc:
+            if line.startswith("{"):  # the start of a record whose write was cut short
+                loaded.torn.append(number)
+                continue
             raise DiffInputError(
                 f"file:{path}:{number}:{exc.colno}: not JSON ({exc.msg})"
             ) from None
@@ -166,6 +196,17 @@ def load(path: str) -> Loaded:
             raise DiffInputError(f"file:{path}:{number}: not JSON ({reason})") from None
         _take(loaded, item, f"file:{path}:{number}")
     return loaded
+
+
+def _multi_line_document(lines: list[str]) -> bool:
+    """Whether the text is one JSON document over several lines (``explain --json``): its
+    first line opens it alone and no later line starts a record, as in a JSON-lines log."""
+    filled = [line for line in lines if line.strip()]
+    return (
+        len(filled) > 1
+        and filled[0].strip() in ("{", "[")
+        and not any(line.startswith("{") for line in filled[1:])
+    )
 
 
 def _take(loaded: Loaded, item: Any, where: str) -> None:
@@ -459,6 +500,10 @@ def run(args: argparse.Namespace) -> int:
     except DiffInputError as exc:
         print(f"moe-policy: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    for loaded in (a, b):
+        note = loaded.torn_note()
+        if note:
+            print(note, file=sys.stderr)
     result = compare(a, b, shared_only=bool(getattr(args, "shared_only", False)))
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
