@@ -76,7 +76,7 @@ FLAG_KEYS: tuple[tuple[str, str, dict[str, Any]], ...] = (
         {
             "type": typed("device.capability", capability_from_text),
             "metavar": "X.Y",
-            "help": "CUDA compute capability (dry run)",
+            "help": "compute capability, cuda or rocm (dry run)",
         },
     ),
     ("--device-name", "device.name", {"metavar": "NAME", "help": "device name (dry run)"}),
@@ -205,7 +205,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def flag_entries(args: argparse.Namespace) -> list[Entry]:
-    """One explicit entry per given flag, origin ``cli:--flag``."""
+    """One explicit entry per given flag, origin ``cli:--flag``; an empty or blank
+    ``--device-name`` is refused, as an empty ``--audit-log`` is."""
+    if args.device_name is not None and not args.device_name.strip():
+        raise PolicyError(
+            "device.name: an empty value is not a device name (give the name the driver "
+            "reports, e.g. 'NVIDIA H200')",
+            Origin.cli("--device-name"),
+            key="device.name",
+        )
     return [
         Entry(key, getattr(args, _dest(flag)), Origin.cli(flag))
         for flag, key, _options in FLAG_KEYS
@@ -272,6 +280,25 @@ def model_arg(spec: str) -> str:
     return spec
 
 
+#: The platforms whose devices have a compute capability: CUDA's, and ROCm's (torch reports
+#: a gfx942 as 9.4, and the probe records it); elsewhere it would be ignored.
+CAPABILITY_PLATFORMS = ("cuda", "rocm")
+
+
+def check_capability_platform(context: Any) -> None:
+    """A compute capability given for a platform that has none is an error naming both."""
+    capability, platform = context.values.get("device.capability"), context.values.get("platform")
+    if capability is None or platform in CAPABILITY_PLATFORMS:
+        return
+    raise PolicyError(
+        f"device.capability {capability} is given for platform {platform} "
+        f"({context.origins.get('platform')}), which has no compute capability (only "
+        f"{' and '.join(CAPABILITY_PLATFORMS)} devices have one); leave it out",
+        context.origins.get("device.capability"),
+        key="device.capability",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Resolve, print (human or JSON), then report; exceptions carry the exit code."""
     from moe_policy.api import Selector
@@ -288,6 +315,7 @@ def run(args: argparse.Namespace) -> int:
         engine=args.engine,
         engine_origin=Origin.cli("--engine"),
     )
+    check_capability_platform(selector.context)
     explanation = selector.explain()
     try:
         _print(explanation, args)

@@ -60,8 +60,16 @@ def run(args: argparse.Namespace) -> int:
     """Lint every file, print the findings, exit 1 on any error."""
     from moe_policy.core.engines import resolve_engine
     from moe_policy.core.origin import Origin
+    from moe_policy.errors import PolicyError
     from moe_policy.lint.checks import lint_paths
 
+    for number, path in enumerate(args.files, 1):
+        if not path.strip():  # no file is named: bad usage, not a finding at location '-'
+            raise PolicyError(
+                f"argument {number} of {len(args.files)} is an empty path (give a policy YAML "
+                "file)",
+                Origin.cli("FILE"),
+            )
     findings = lint_paths(args.files, engine=resolve_engine(args.engine, Origin.cli("--engine")))
     from moe_policy.lint.formats import RENDERERS, counts, summary
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -59,12 +60,49 @@ class Parser(argparse.ArgumentParser):
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         """As argparse's, but an unknown option is reported by the subcommand it was given
-        to (its options for the did-you-mean, its ``--help`` to see)."""
+        to (its options for the did-you-mean, its ``--help`` to see); one given before the
+        command, whose value would be read as the command, is named as an unknown option."""
+        if self.commands:
+            self._check_leading_options(list(sys.argv[1:] if args is None else args))
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = self.commands.get(str(getattr(parsed, "command", "")), self)
             command.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
+
+    def _check_leading_options(self, args: list[str]) -> None:
+        """An unknown option before the command where no command follows it (``--colour
+        never backends``: argparse would read ``never`` as the command) is an unknown option
+        with a did-you-mean, not an unknown command."""
+        known = {o: a for a in self.actions() for o in a.option_strings}
+        unknown: str | None = None
+        index = 0
+        while index < len(args) and args[index].startswith("-") and args[index] != "--":
+            flag, has_value = args[index].split("=", 1)[0], "=" in args[index]
+            action = known.get(flag)
+            if action is None and flag.startswith("--") and self.allow_abbrev:
+                matches = [a for o, a in known.items() if o.startswith(flag)]
+                action = matches[0] if len(set(matches)) == 1 else None
+                if len(set(matches)) > 1:
+                    return  # ambiguous: argparse says so
+            if action is None:
+                unknown = unknown or flag
+            elif action.nargs != 0 and not has_value:
+                index += 1  # the option's value
+            index += 1
+        if unknown is None:
+            return
+        command = self.commands.get(args[index]) if index < len(args) else None
+        if command is None:
+            self.error(f"unrecognized arguments: {unknown}")
+        if any(unknown in a.option_strings for a in command.actions()):
+            name = args[index]
+            self.exit(
+                EXIT_BAD_INPUT,
+                f"{PROG}: error: cli:{unknown}: an option of {name}, given before it (put it "
+                f"after the command: {PROG} {name} {unknown} ...) (see {command.prog} --help)\n",
+            )
+        # otherwise the option is reported as unrecognized by the command (parse_args)
 
     def walk(self) -> Iterator[Parser]:
         """This parser and every subcommand parser below it."""

@@ -225,6 +225,31 @@ TYPED_FLAGS = [
     ("capability-huge", ("--capability", "99999.99999"), ("--capability", "'99999.99999'")),
     ("capability-no-dot", ("--capability", "90"), ("--capability", "expected MAJOR.MINOR")),
     ("empty-audit-log", ("--audit-log", ""), ("cli:--audit-log", "an empty value is not a path")),
+    (
+        "empty-device-name",
+        ("--device-name", ""),
+        ("cli:--device-name", "device.name: an empty value is not a device name"),
+    ),
+    (
+        "blank-device-name",
+        ("--device-name", "   "),
+        ("cli:--device-name", "device.name: an empty value is not a device name"),
+    ),
+    (
+        "capability-on-tpu",
+        ("--platform", "tpu"),
+        ("cli:--capability", "platform tpu (cli:--platform)", "has no compute capability"),
+    ),
+    (
+        "capability-on-cpu",
+        ("--platform", "cpu"),
+        ("cli:--capability", "platform cpu (cli:--platform)", "has no compute capability"),
+    ),
+    (
+        "capability-set-on-xpu",
+        ("--platform", "xpu", "--set", "device.capability=9.0"),
+        ("cli:--set", "platform xpu (cli:--platform)", "has no compute capability"),
+    ),
     ("set-empty", ("--set", "parallel.tp="), ("cli:--set", "parallel.tp: no value after '='")),
     (
         "set-empty-audit-path",
@@ -423,3 +448,26 @@ def test_null_is_the_explicit_off_switch_for_a_profiles_audit(tmp_path):
     )  # fmt: skip
     assert off.returncode == 0, off.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_capability_is_taken_on_cuda_and_rocm():
+    """A ROCm GPU has a capability too (torch reports gfx942 as 9.4); without a capability
+    any platform decides."""
+    rocm = run_cli(
+        "explain", "--model", NEMOTRON_REL, "--platform", "rocm", "--capability", "9.4", "-q"
+    )
+    assert rocm.returncode == 0, rocm.stderr
+    cpu = run_cli("explain", "--model", NEMOTRON_REL, "--platform", "cpu", "--json")
+    assert cpu.returncode == 0, cpu.stderr
+    assert cpu.json()["context"]["device.capability"]["value"] is None
+
+
+@pytest.mark.parametrize("files", [("",), ("configs/default.yaml", "   ")], ids=["empty", "blank"])
+def test_lint_refuses_an_empty_path_naming_the_argument(files):
+    """`lint ""` names the argument and says the path is empty (not `file not found` at `-`)."""
+    run = run_cli("lint", *files)
+    assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr
+    assert run.stderr.splitlines() == [
+        f"moe-policy: error: cli:FILE: argument {len(files)} of {len(files)} is an empty path "
+        "(give a policy YAML file)"
+    ]

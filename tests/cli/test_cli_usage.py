@@ -48,6 +48,21 @@ CASES = [
         "moe-policy: error: cli:B: required (see moe-policy diff --help)",
     ),
     ((), "moe-policy: error: cli:COMMAND: required (see moe-policy --help)"),
+    (
+        ("--colour", "never", "backends"),
+        "moe-policy: error: cli:--colour: unknown option (did you mean '--color'?) "
+        "(see moe-policy --help)",
+    ),
+    (
+        ("--colour",),
+        "moe-policy: error: cli:--colour: unknown option (did you mean '--color'?) "
+        "(see moe-policy --help)",
+    ),
+    (
+        ("--json", "backends"),
+        "moe-policy: error: cli:--json: an option of backends, given before it (put it after "
+        "the command: moe-policy backends --json ...) (see moe-policy backends --help)",
+    ),
 ]
 
 
@@ -97,3 +112,11 @@ def test_choice_errors_read_the_same_whatever_argparse_version_wrote_them(listin
         "cli:--log-format: invalid choice 'jsn' (did you mean 'json'?); choose from console, "
         "json (see moe-policy explain --help)"
     )
+
+
+@pytest.mark.parametrize("color", [("--color", "never"), ("--col", "never"), ("--color=never",)])
+def test_a_known_option_before_the_command_still_works(color):
+    """The check for unknown options before the command leaves the known ones (and argparse's
+    abbreviations of them) alone."""
+    run = run_cli(*color, "backends")
+    assert run.returncode == 0, run.stderr
