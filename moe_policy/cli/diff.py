@@ -106,17 +106,21 @@ class Loaded:
             "layers": len(self.layers),
         }
 
-    def torn_note(self) -> str | None:
-        """The stderr line that says which torn lines were skipped, if any."""
+    def report_torn(self) -> None:
+        """Log ``moe_policy.diff_torn_lines`` (warning) when torn lines were skipped: on a
+        terminal a line for people, otherwise a JSON event, as every event of the CLI."""
         if not self.torn:
-            return None
-        count, numbers = len(self.torn), ", ".join(map(str, self.torn))
-        what = (
-            "1 torn line ({}): a fragment of a record whose write was cut short"
-            if count == 1
-            else f"{count} torn lines ({{}}): fragments of records whose writes were cut short"
+            return
+        import structlog
+
+        structlog.get_logger("moe_policy").warning(
+            "moe_policy.diff_torn_lines",
+            path=self.path,
+            lines=list(self.torn),
+            detail=f"skipped {len(self.torn)} torn line{'s' if len(self.torn) > 1 else ''}: "
+            "the start of a record whose write was cut short (a full disk, a size limit, a "
+            "writer killed mid-record)",
         )
-        return f"moe-policy diff: {self.path}: skipped {what.format(numbers)}"
 
 
 # --- Loading --------------------------------------------------------------------------------
@@ -501,9 +505,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"moe-policy: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for loaded in (a, b):
-        note = loaded.torn_note()
-        if note:
-            print(note, file=sys.stderr)
+        loaded.report_torn()
     result = compare(a, b, shared_only=bool(getattr(args, "shared_only", False)))
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2, sort_keys=True, default=str))

@@ -3,11 +3,16 @@ write was cut short (a full disk, RLIMIT_FSIZE, a writer killed mid-write), alon
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.cli.runner import H200, NEMOTRON_REL, run_cli
 
-NOTE = "a fragment of a record whose write was cut short"
+
+def _torn_events(stderr: str) -> list[dict]:
+    """The ``moe_policy.diff_torn_lines`` events (JSON lines: stderr is not a terminal)."""
+    events = [json.loads(line) for line in stderr.splitlines()]
+    return [e for e in events if e["event"] == "moe_policy.diff_torn_lines"]
 
 
 def _decide(log: Path, index: int) -> None:
@@ -40,7 +45,9 @@ def test_diff_skips_a_torn_line_and_names_it(tmp_path: Path):
 
     run = run_cli("diff", str(a), str(b))
     assert run.returncode == 0, run.stderr
-    assert run.stderr.splitlines() == [f"moe-policy diff: {a}: skipped 1 torn line (4): {NOTE}"]
+    [event] = _torn_events(run.stderr)
+    assert (event["level"], event["path"], event["lines"]) == ("warning", str(a), [4])
+    assert event["detail"].startswith("skipped 1 torn line: the start of a record")
     words = " ".join(run.stdout.split())  # a long temporary path wraps the line
     assert words.startswith(f"A: {a} (4 records, 4 layers)") and words.endswith(" identical")
 
@@ -58,10 +65,9 @@ def test_several_torn_lines_and_a_difference_keep_the_exit_code(tmp_path: Path):
     _decide(b, 0)
     run = run_cli("diff", str(a), str(b))
     assert run.returncode == 1, run.stderr  # layer 1 only in A
-    assert run.stderr.splitlines() == [
-        f"moe-policy diff: {a}: skipped 2 torn lines (2, 4): fragments of records whose writes "
-        "were cut short"
-    ]
+    [event] = _torn_events(run.stderr)
+    assert (event["path"], event["lines"]) == (str(a), [2, 4])
+    assert event["detail"].startswith("skipped 2 torn lines:")
 
 
 def test_a_line_that_does_not_start_a_record_is_still_bad_input(tmp_path: Path):
