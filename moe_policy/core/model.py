@@ -6,6 +6,7 @@ contradictory field is a PolicyError naming the file and the keys.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 from moe_policy.core import paths, quantization
 from moe_policy.core.origin import Origin
 from moe_policy.core.values import parse_bool, parse_int, parse_str, shown
-from moe_policy.core.yamlio import LoadedYaml, load_yaml_file
+from moe_policy.core.yamlio import LoadedYaml, describe, load_yaml_file
 from moe_policy.errors import PolicyError, did_you_mean
 
 # Key variants, most specific first. A dotted name looks inside a nested mapping.
@@ -49,7 +50,17 @@ ACTIVATION_KEYS = (
     "ffn_config.ffn_act_fn.name",
     "activation",
 )
+#: ``torch_dtype`` in older Hugging Face configs, ``dtype`` in newer ones.
 DTYPE_KEYS = ("torch_dtype", "dtype")
+#: Where a multimodal config nests its language model's settings.
+NESTED_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
+#: The router's scoring functions vLLM runs (fused_moe's routers raise "Unsupported scoring
+#: function" for any other); compared as written, as vLLM compares them.
+SCORING_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
+#: The top-k methods of public configs: vLLM tests only ``== "noaux_tc"`` (a routing bias),
+#: Hugging Face's DeepSeek-V2 code ``greedy`` and ``group_limited_greedy``; a misspelled
+#: ``noaux_tc`` would silently drop the bias.
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 SHARED_KEYS = ("n_shared_experts", "num_shared_experts")
 SHARED_SIZE_KEYS = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
 
@@ -115,10 +126,18 @@ class _Reader:
         self.loaded = loaded
         data = loaded.data if isinstance(loaded.data, Mapping) else {}
         self.scopes: list[tuple[tuple[str, ...], Mapping[str, Any]]] = []
-        for nested in ("text_config", "llm_config", "language_config"):
+        for nested in NESTED_CONFIG_KEYS:
             sub = data.get(nested)
-            if isinstance(sub, Mapping):
-                self.scopes.append(((nested,), sub))
+            if sub is None:
+                continue
+            if not isinstance(sub, Mapping):
+                raise PolicyError(
+                    f"{nested}: expected a mapping of the language model's settings, "
+                    f"got {loaded.shown((nested,), sub)}",
+                    self.origin((), nested),
+                    key=nested,
+                )
+            self.scopes.append(((nested,), sub))
         self.scopes.append(((), data))
 
     def origin(self, prefix: tuple[str, ...], dotted: str) -> Origin:
@@ -174,6 +193,8 @@ def _typed(parse: Any, hit: tuple[str, Any, Origin], what: str, **limits: Any) -
     """``parse(value)`` (``moe_policy.core.values``), or a PolicyError naming the key and
     its file:line:col: a count is an integer (not ``true``, not ``2.7``), a flag a boolean."""
     name, value, origin = hit
+    if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, YAML's .inf
+        raise PolicyError(f"{name}: {what}: got {describe(value)}", origin, key=name)
     try:
         return parse(value, **limits)
     except ValueError as exc:
@@ -190,6 +211,13 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
 
     arch = reader.first(("architectures",))
     if arch is not None:
+        if arch[1] == []:
+            raise PolicyError(
+                f"{arch[0]}: the list is empty (expected a list of class names, "
+                'e.g. ["Qwen3MoeForCausalLM"])',
+                arch[2],
+                key=arch[0],
+            )
         value = arch[1][0] if isinstance(arch[1], list) and arch[1] else arch[1]
         if not isinstance(value, str) or not value.strip():
             raise PolicyError(
@@ -243,9 +271,17 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
             facts["model.activation"] = ("silu", Origin("default", "hf-default-silu"))
         else:
             raw = str(act_hit[1]).lower()
+            if not isinstance(act_hit[1], str):
+                shown_value = loaded.shown(tuple(act_hit[0].split(".")), act_hit[1])
+                raise PolicyError(
+                    f"{act_hit[0]}: expected an activation name (a string), got {shown_value}",
+                    act_hit[2],
+                    key=act_hit[0],
+                )
             if raw not in _ACTIVATION_NAMES:
                 raise PolicyError(
-                    f"{act_hit[0]}: unknown activation {act_hit[1]!r} "
+                    f"{act_hit[0]}: unknown activation {act_hit[1]!r}"
+                    f"{did_you_mean(raw, _ACTIVATION_NAMES)} "
                     f"(known: {', '.join(sorted(_ACTIVATION_NAMES))})",
                     act_hit[2],
                     key=act_hit[0],
@@ -281,18 +317,7 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
             size[2] if size else Origin("default"),
         )
 
-    dtype = reader.first(DTYPE_KEYS)
-    if dtype is not None:
-        name = str(dtype[1]).lower().removeprefix("torch.")
-        if name not in _DTYPE_NAMES:
-            raise PolicyError(
-                f"{dtype[0]}: unknown dtype {dtype[1]!r} (known: {', '.join(_DTYPE_NAMES)})",
-                dtype[2],
-                key=dtype[0],
-            )
-        facts["model.dtype"] = (_DTYPE_NAMES[name], dtype[2])
-    else:
-        facts["model.dtype"] = ("bf16", Origin("default"))
+    facts["model.dtype"] = _dtype(reader)
 
     facts.update(_quantization(reader))
 
@@ -331,6 +356,30 @@ def _quantization(reader: _Reader) -> dict[str, tuple[Any, Origin]]:
     return quantization.from_config(reader.loaded)
 
 
+def _dtype(reader: _Reader) -> tuple[str, Origin]:
+    """The weights' dtype from ``torch_dtype`` and/or ``dtype`` (the newer name): both may
+    be written (transformers writes both in some versions), but they must agree."""
+    hits = reader.all_present(DTYPE_KEYS)
+    if not hits:
+        return "bf16", Origin("default")
+    dtypes = []
+    for name, value, origin in hits:
+        text = str(value).lower().removeprefix("torch.")
+        if not isinstance(value, str) or text not in _DTYPE_NAMES:
+            raise PolicyError(
+                f"{name}: unknown dtype {value!r}{did_you_mean(text, _DTYPE_NAMES)} "
+                f"(known: {', '.join(_DTYPE_NAMES)})",
+                origin,
+                key=name,
+            )
+        dtypes.append((_DTYPE_NAMES[text], name, value, origin))
+    if len({dtype for dtype, *_ in dtypes}) > 1:
+        listing = ", ".join(f"{name}={value!r} ({origin})" for _, name, value, origin in dtypes)
+        raise PolicyError(f"contradictory dtype: {listing}", hits[0][2], key=hits[0][0])
+    dtype, _name, _value, origin = dtypes[0]
+    return dtype, origin
+
+
 def _refuse_null_expert_size(reader: _Reader) -> None:
     """An expert-specific intermediate size given as null is an error: the dense
     ``intermediate_size`` is not the experts' size, so it is never used in its place."""
@@ -353,9 +402,19 @@ def _routing(
     scoring = reader.first(("scoring_func",))
     topk_method = reader.first(("topk_method",))
     groups = reader.first(("n_group",))
-    for hit, what in ((scoring, "scoring function"), (topk_method, "top-k method")):
-        if hit is not None:
-            _typed(parse_str, hit, what)
+    for hit, what, known in (
+        (scoring, "scoring function", SCORING_FUNCS),
+        (topk_method, "top-k method", TOPK_METHODS),
+    ):
+        if hit is not None and _typed(parse_str, hit, what) not in known:
+            name, value, origin = hit
+            same = [k for k in known if k.lower() == value.lower()]
+            hint = f" (did you mean {same[0]!r}?)" if same else did_you_mean(value, known)
+            raise PolicyError(
+                f"{name}: unknown {what} {value!r}{hint} (known: {', '.join(known)})",
+                origin,
+                key=name,
+            )
     if groups is not None:
         _typed(parse_int, groups, "expert group count", minimum=1)
     if model_type in ("llama4", "llama4_text"):

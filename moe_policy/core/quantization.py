@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_policy.core.origin import Origin
+from moe_policy.core.values import parse_bool, parse_int
 from moe_policy.core.yamlio import KeyPath, LoadedYaml, load_yaml_file
 from moe_policy.errors import PolicyError, did_you_mean
 
@@ -46,6 +47,16 @@ class _Doc:
                 return None
             node = node[part]
         return node
+
+    def present(self, *path: Any) -> bool:
+        """The key at ``path`` is written (with any value, null included)."""
+        *parents, last = path
+        parent = self.node(*parents)
+        return isinstance(parent, Mapping) and last in parent
+
+    def shown(self, value: Any, *path: Any) -> str:
+        """``value`` (at ``path``) as a message shows it (``LoadedYaml.shown``)."""
+        return self.loaded.shown((*self.prefix, *path), value)
 
     def origin(self, *path: Any) -> Origin:
         return self.loaded.origin((*self.prefix, *path))
@@ -92,21 +103,59 @@ def _facts(
 
 def _positive_int(doc: _Doc, value: Any, *path: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise doc.error(f"expected a positive integer, got {value!r}", *path)
+        raise doc.error(f"expected a positive integer, got {doc.shown(value, *path)}", *path)
     return value
+
+
+def _integer(doc: _Doc, value: Any, *path: Any) -> int:
+    """An integer as written: ``8.0`` and ``true`` are refused, as everywhere in the package."""
+    try:
+        return parse_int(value)
+    except ValueError:
+        raise doc.error(f"expected an integer, got {doc.shown(value, *path)}", *path) from None
+
+
+def _flag(doc: _Doc, value: Any, *path: Any) -> bool:
+    """A boolean as written: the string ``"false"`` is refused, never read as true."""
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise doc.error(
+            f"expected a boolean (true or false, unquoted), got {doc.shown(value, *path)}", *path
+        ) from None
+
+
+def _choice(doc: _Doc, value: Any, known: tuple[str, ...], what: str, *path: Any) -> str:
+    """One of ``known``, spelled exactly as vLLM compares it; else an error with a
+    did-you-mean (a case-insensitive match first)."""
+    if isinstance(value, str) and value in known:
+        return value
+    if not isinstance(value, str):
+        raise doc.error(
+            f"expected {what} ({' or '.join(known)}), got {doc.shown(value, *path)}", *path
+        )
+    same = [k for k in known if k.lower() == value.lower()]
+    hint = f" (did you mean {same[0]!r}?)" if same else did_you_mean(value, known)
+    raise doc.error(f"unknown {what} {value!r}{hint} (known: {', '.join(known)})", *path)
 
 
 # --- Hugging Face fine-grained fp8 (vLLM's Fp8Config) ------------------------------------------
 
 
+#: vLLM's Fp8Config.ACTIVATION_SCHEMES (compared as written: ``Dynamic`` is refused).
+FP8_ACTIVATION_SCHEMES = ("dynamic", "static")
+
+
 def _hf_fp8(doc: _Doc) -> Facts:
-    scheme = str(doc.node("activation_scheme") or "dynamic").lower()
-    if scheme not in ("dynamic", "static"):
-        raise doc.error(
-            f"unknown fp8 activation scheme {scheme!r} (known: dynamic, static)",
-            "activation_scheme",
+    # Absent: dynamic. Present, it is one of vLLM's two schemes (null, "" and false too
+    # are errors, never read as the default).
+    act_at: tuple[Any, ...] | None = None
+    scheme = "dynamic"
+    if doc.present("activation_scheme"):
+        act_at = ("activation_scheme",)
+        scheme = _choice(
+            doc, doc.node(*act_at), FP8_ACTIVATION_SCHEMES, "fp8 activation scheme", *act_at
         )
-    act_at = ("activation_scheme",) if doc.node("activation_scheme") is not None else None
     block = doc.node("weight_block_size")
     if block is None:
         activation = "static_tensor" if scheme == "static" else "dynamic_tensor"
@@ -150,11 +199,16 @@ def _ct_weights(doc: _Doc, group: str) -> tuple[str, str, str | None, int | None
     weights = doc.node(*path)
     if not isinstance(weights, Mapping):
         raise doc.error("expected a mapping of the weights' quantization", *path)
-    bits = weights.get("num_bits")
+    # compressed-tensors' QuantizationArgs defaults: 8 bits, int, symmetric.
+    bits = _integer(doc, weights["num_bits"], *path, "num_bits") if "num_bits" in weights else 8
     kind = str(weights.get("type", "int")).lower()
     strategy = str(weights.get("strategy", "tensor")).lower()
-    symmetric = bool(weights.get("symmetric", True))
+    symmetric = (
+        _flag(doc, weights["symmetric"], *path, "symmetric") if "symmetric" in weights else True
+    )
     size = weights.get("group_size")
+    if size is not None:
+        size = _integer(doc, size, *path, "group_size")
     if kind == "float" and bits == 8:
         if strategy in ("tensor", "channel"):
             return "fp8", strategy, None, None, True
@@ -200,10 +254,19 @@ def _ct_activation(doc: _Doc, group: str, base: str) -> tuple[str, str]:
         return base, "none"
     if not isinstance(acts, Mapping):
         raise doc.error("expected a mapping or null", *path)
-    bits = acts.get("num_bits")
+    bits = _integer(doc, acts["num_bits"], *path, "num_bits") if "num_bits" in acts else 8
     kind = str(acts.get("type", "int")).lower()
     strategy = str(acts.get("strategy", "tensor")).lower()
     dynamic = acts.get("dynamic", False)
+    # compressed-tensors' `DynamicType | bool` (it lowercases a string: "LOCAL" is "local")
+    if not isinstance(dynamic, bool) and not (
+        isinstance(dynamic, str) and dynamic.lower() == "local"
+    ):
+        raise doc.error(
+            f"expected true, false or 'local', got {doc.shown(dynamic, *path, 'dynamic')}",
+            *path,
+            "dynamic",
+        )
     if strategy in ("tensor_group", "group"):
         activation = "dynamic_group"
     elif strategy == "token":
@@ -238,6 +301,16 @@ def _ct_group(doc: _Doc) -> str:
         raise doc.error(
             "compressed-tensors needs a non-empty `config_groups` mapping", "config_groups"
         )
+    for name, spec in groups.items():
+        targets = spec.get("targets") if isinstance(spec, Mapping) else None
+        if targets is not None and not isinstance(targets, list):
+            raise doc.error(
+                'expected a list of the layers this group quantizes (e.g. ["Linear"]), got '
+                f"{doc.shown(targets, 'config_groups', name, 'targets')}",
+                "config_groups",
+                name,
+                "targets",
+            )
     linear = [
         name
         for name, spec in groups.items()
@@ -324,39 +397,62 @@ def _modelopt(doc: _Doc) -> Facts:
 # --- weight-only integer formats ------------------------------------------------------------------
 
 
-def _int_bits(doc: _Doc, key: str, bits: Any) -> int:
+def _int_bits(doc: _Doc, *keys: str) -> tuple[str, int]:
+    """(key, bits) of the first of ``keys`` written: an integer, 4 or 8. None written is an
+    error, as in vLLM (``get_from_keys(config, ["bits"])`` raises), never a default."""
+    key = next((k for k in keys if doc.present(k)), None)
+    if key is None:
+        alternatives = "".join(f" (or `{k}`)" for k in keys[1:])
+        raise PolicyError(
+            f"{doc.name()}: missing key `{keys[0]}`{alternatives}: the integer weights' "
+            "bit width (4 or 8)",
+            doc.origin(),
+            key=doc.name(keys[0]),
+        )
+    bits = _integer(doc, doc.node(key), key)
     if bits not in (4, 8):
         raise doc.error(
-            f"{bits!r}-bit integer weights are not a MoE scheme vLLM's oracles select (4 or 8)", key
+            f"{bits}-bit integer weights are not a MoE scheme vLLM's oracles select (4 or 8)", key
         )
-    return int(bits)
+    return key, bits
 
 
 def _group(doc: _Doc, key: str) -> tuple[str, int | None]:
     size = doc.node(key)
-    if size is None or size == -1:
+    if size is None:
+        return "channel", None
+    if _integer(doc, size, key) == -1:
         return "channel", None
     return "group", _positive_int(doc, size, key)
 
 
+def _symmetric(doc: _Doc, key: str, *, inverted: bool = False) -> bool:
+    """A boolean key (``sym``, or AWQ's ``zero_point`` when ``inverted``); absent: symmetric
+    for ``sym``, a zero point for ``zero_point`` (what AutoGPTQ and AutoAWQ write)."""
+    if not doc.present(key):
+        return not inverted
+    value = _flag(doc, doc.node(key), key)
+    return not value if inverted else value
+
+
 def _awq(doc: _Doc) -> Facts:
-    bits_key = "bits" if doc.node("bits") is not None else "w_bit"
+    # vLLM's AutoAWQConfig reads the first of ["w_bit", "bits"] (get_from_keys).
+    bits_key, bits = _int_bits(doc, "w_bit", "bits")
     size_key = "group_size" if doc.node("group_size") is not None else "q_group_size"
-    bits = _int_bits(doc, bits_key, doc.node(bits_key) or 4)
     scale, size = _group(doc, size_key)
-    symmetric = not bool(doc.node("zero_point") if doc.node("zero_point") is not None else True)
+    symmetric = _symmetric(doc, "zero_point", inverted=True)
     return _facts(doc, (bits_key,), f"int{bits}", "awq", scale, "none", group_size=size, symmetric=symmetric)  # fmt: skip
 
 
 def _gptq(doc: _Doc) -> Facts:
-    bits = _int_bits(doc, "bits", doc.node("bits"))
+    bits_key, bits = _int_bits(doc, "bits")
     scale, size = _group(doc, "group_size")
-    symmetric = bool(doc.node("sym") if doc.node("sym") is not None else True)
-    return _facts(doc, ("bits",), f"int{bits}", "gptq", scale, "none", group_size=size, symmetric=symmetric)  # fmt: skip
+    symmetric = _symmetric(doc, "sym")
+    return _facts(doc, (bits_key,), f"int{bits}", "gptq", scale, "none", group_size=size, symmetric=symmetric)  # fmt: skip
 
 
 def _mlx(doc: _Doc) -> Facts:
-    bits = _int_bits(doc, "bits", doc.node("bits"))
+    _key, bits = _int_bits(doc, "bits")
     scale, size = _group(doc, "group_size")
     # MLX's affine quantization: a scale and a bias per group (asymmetric).
     return _facts(doc, ("bits",), f"int{bits}", "mlx", scale, "none", group_size=size, symmetric=False)  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 #: Mappings with more entries than this get a key index on first lookup.
 _INDEXED = 8
@@ -51,6 +51,12 @@ class NodeMarks(Mapping[tuple[Any, ...], tuple[int, int]]):
             else:
                 return None
         return key_node if self.at_key else node
+
+    def scalar_text(self, keypath: tuple[Any, ...]) -> str | None:
+        """The text of the scalar at ``keypath`` as written (``on`` for a value YAML reads
+        as ``True``), or None when there is no scalar there."""
+        node = self._find(tuple(keypath)) if isinstance(keypath, tuple) else None
+        return node.value if isinstance(node, ScalarNode) else None
 
     def __getitem__(self, keypath: tuple[Any, ...]) -> tuple[int, int]:
         node = self._find(tuple(keypath)) if isinstance(keypath, tuple) else None

@@ -156,3 +156,197 @@ def test_in_memory_configs_have_api_origin():
     """A mapping passed through the API is reported as api:model."""
     with pytest.raises(PolicyError, match=r"^api:model: no expert count"):
         model_facts_from_mapping({"hidden_size": 8})
+
+
+def _refused(path: Path) -> tuple[str, str]:
+    """(origin, message) of the one error loading ``path``."""
+    with pytest.raises(PolicyError) as info:
+        load_model(path)
+    origin, _, message = str(info.value).partition(": ")
+    return origin, message
+
+
+def _line_col(text: str, index: int) -> str:
+    return f"{text.count(chr(10), 0, index) + 1}:{index - text.rfind(chr(10), 0, index)}"
+
+
+def _value_at(text: str, needle: str) -> str:
+    """``LINE:COL`` of the value in the one occurrence of ``needle`` (``"key": ``)."""
+    assert text.count(needle) == 1, needle
+    return _line_col(text, text.index(needle) + needle.index(": ") + 2)
+
+
+def _qwen3_with(tmp_path: Path, **changes: object) -> Path:
+    config = json.loads(Path(QWEN3).read_text())
+    config.update(changes)
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(config, indent=2))
+    return f
+
+
+#: (changes to Qwen3's config, the key the origin points at, message)
+REFUSED = {
+    # M1: a scoring function or top-k method vLLM would not run (or would misread)
+    "scoring_func misspelled": (
+        {"scoring_func": "sigmod"}, '"scoring_func": ',
+        "scoring_func: unknown scoring function 'sigmod' (did you mean 'sigmoid'?) "
+        "(known: softmax, sigmoid, sqrtsoftplus)",
+    ),
+    "scoring_func miscased": (
+        {"scoring_func": "Sigmoid"}, '"scoring_func": ',
+        "scoring_func: unknown scoring function 'Sigmoid' (did you mean 'sigmoid'?) "
+        "(known: softmax, sigmoid, sqrtsoftplus)",
+    ),
+    "topk_method misspelled": (
+        {"topk_method": "noaux-tc"}, '"topk_method": ',
+        "topk_method: unknown top-k method 'noaux-tc' (did you mean 'noaux_tc'?) "
+        "(known: greedy, group_limited_greedy, noaux_tc)",
+    ),
+    # M2: torch_dtype and dtype that disagree
+    "contradictory dtypes": (
+        {"torch_dtype": "bfloat16", "dtype": "float16"}, '"torch_dtype": ',
+        "contradictory dtype: torch_dtype='bfloat16' (file:{f}:{torch_dtype}), "
+        "dtype='float16' (file:{f}:{dtype})",
+    ),
+    # M4: a nested language-model config that is not a mapping
+    "text_config a list": (
+        {"text_config": [1, 2]}, '"text_config": ',
+        "text_config: expected a mapping of the language model's settings, got [1, 2] (a list)",
+    ),
+    "llm_config a string": (
+        {"llm_config": "qwen3"}, '"llm_config": ',
+        "llm_config: expected a mapping of the language model's settings, "
+        "got 'qwen3' (a string)",
+    ),
+    "language_config a number": (
+        {"language_config": 3}, '"language_config": ',
+        "language_config: expected a mapping of the language model's settings, got 3",
+    ),
+    # M5: an empty architectures list
+    "architectures empty": (
+        {"architectures": []}, '"architectures": ',
+        'architectures: the list is empty (expected a list of class names, '
+        'e.g. ["Qwen3MoeForCausalLM"])',
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_wrong_value_is_refused_at_its_key(tmp_path: Path, case: str):
+    changes, key, message = REFUSED[case]
+    f = _qwen3_with(tmp_path, **changes)
+    text = f.read_text()
+    expected = message.format(
+        f=f, torch_dtype=_value_at(text, '"torch_dtype": '), dtype=_value_at(text, '"dtype": ')
+    ) if "{f}" in message else message  # fmt: skip
+    assert _refused(f) == (f"file:{f}:{_value_at(text, key)}", expected)
+
+
+@pytest.mark.parametrize(
+    ("changes", "routing"),
+    [
+        ({"scoring_func": "softmax"}, "renormalize"),
+        ({"scoring_func": "sigmoid"}, "sigmoid"),
+        ({"scoring_func": "sqrtsoftplus"}, "renormalize"),  # DeepSeek-V4
+        ({"topk_method": "greedy"}, "renormalize"),  # DeepSeek-V2-Lite
+        ({"topk_method": "group_limited_greedy"}, "renormalize"),  # DeepSeek-V2
+        ({"topk_method": "noaux_tc", "scoring_func": "sigmoid"}, "deepseek_v3"),
+        ({"topk_method": None}, "renormalize"),  # vLLM's Mistral-format configs
+    ],
+)
+def test_the_scoring_functions_and_top_k_methods_of_public_configs_load(
+    tmp_path: Path, changes: dict, routing: str
+):
+    assert load_model(_qwen3_with(tmp_path, **changes)).value("model.routing") == routing
+
+
+@pytest.mark.parametrize(
+    ("changes", "dtype", "key"),
+    [
+        ({"torch_dtype": "bfloat16", "dtype": "bfloat16"}, "bf16", '"torch_dtype": '),
+        ({"torch_dtype": "bfloat16", "dtype": "torch.bfloat16"}, "bf16", '"torch_dtype": '),
+        ({"torch_dtype": None, "dtype": "float16"}, "fp16", '"dtype": '),  # newer HF configs
+    ],
+)
+def test_dtype_keys_that_agree_load(tmp_path: Path, changes: dict, dtype: str, key: str):
+    f = _qwen3_with(tmp_path, **changes)
+    value, origin = load_model(f).facts["model.dtype"]
+    assert (value, str(origin)) == (dtype, f"file:{f}:{_value_at(f.read_text(), key)}")
+
+
+def test_a_null_text_config_is_no_text_config(tmp_path: Path):
+    assert load_model(_qwen3_with(tmp_path, text_config=None)).value("model.num_experts") == 128
+
+
+@pytest.mark.parametrize(
+    ("literal", "shown"),
+    [("NaN", "NaN (not a number)"), ("Infinity", "Infinity (not a finite number)"),
+     ("-Infinity", "-Infinity (not a finite number)")],
+)  # fmt: skip
+def test_a_json_nan_is_not_a_number_not_a_string(tmp_path: Path, literal: str, shown: str):
+    """Y2: Python's json writes NaN and Infinity bare (and reads them as floats)."""
+    f = _qwen3_with(tmp_path)
+    f.write_text(f.read_text().replace('"num_experts": 128', f'"num_experts": {literal}'))
+    position = _value_at(f.read_text(), '"num_experts": ')
+    assert _refused(f) == (
+        f"file:{f}:{position}",
+        f"num_experts: expert count (a positive integer): got {shown}",
+    )
+
+
+def test_a_quoted_nan_in_json_is_still_a_string(tmp_path: Path):
+    f = _qwen3_with(tmp_path, num_experts="NaN")
+    assert _refused(f)[1] == (
+        "num_experts: expert count (a positive integer): expected an integer, got 'NaN' (a string)"
+    )
+
+
+def test_a_nan_in_a_quantization_list_is_not_a_number(tmp_path: Path):
+    f = _qwen3_with(
+        tmp_path, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}
+    )
+    f.write_text(f.read_text().replace("128,\n      128", "128,\n      NaN"))
+    text = f.read_text()
+    assert _refused(f) == (
+        f"file:{f}:{_line_col(text, text.index('NaN'))}",
+        "quantization_config.weight_block_size.1: expected a positive integer, "
+        "got NaN (not a number)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("config.json", '{"num_experts": 8,, }', "malformed JSON: did not find expected node "
+         "content (while parsing a flow node)"),
+        ("model.yaml", "a: [1,\n", "malformed YAML: did not find expected node content "
+         "(while parsing a flow node)"),
+        ("config.json", '{"a": "\x07"}', "malformed JSON: character U+0007 is not allowed "
+         "(control characters are not allowed)"),
+    ],
+)  # fmt: skip
+def test_a_parse_error_names_the_file_format(tmp_path: Path, name: str, text: str, message: str):
+    """Y3: a .json file is malformed JSON, a .yaml file malformed YAML."""
+    f = tmp_path / name
+    f.write_text(text)
+    assert _refused(f)[1] == message
+
+
+@pytest.mark.parametrize(
+    ("written", "shown"),
+    [("on", "on (YAML reads it as the boolean true)"), ("no", "no (YAML reads it as the "
+     "boolean false)"), ("true", "true (a boolean)"), ("7", "7")],
+)  # fmt: skip
+def test_a_yaml_activation_that_is_not_a_string_is_shown_as_written(
+    tmp_path: Path, written: str, shown: str
+):
+    """Y4: `hidden_act: on` is a boolean in YAML, reported as the file writes it."""
+    f = tmp_path / "model.yaml"
+    f.write_text(
+        "num_experts: 8\nnum_experts_per_tok: 2\nhidden_size: 64\nmoe_intermediate_size: 32\n"
+        f"hidden_act: {written}\n"
+    )
+    assert _refused(f) == (
+        f"file:{f}:5:13",
+        f"hidden_act: expected an activation name (a string), got {shown}",
+    )

@@ -248,3 +248,210 @@ def test_a_nested_quantization_that_is_not_a_mapping_is_an_error(tmp_path):
         info.value
     )
     assert f"file:{path}:" in str(info.value)
+
+
+# --- a present value of the wrong type or spelling is one error naming its key ------------------
+
+
+def _error_at(path: Path) -> tuple[str, str]:
+    """(``file:PATH:LINE:COL`` origin, message) of the error loading ``path``."""
+    with pytest.raises(PolicyError) as info:
+        load_model(path)
+    origin, _, message = str(info.value).partition(": ")
+    return origin, message
+
+
+def _position(text: str, needle: str) -> str:
+    """``LINE:COL`` of the value in the one occurrence of ``needle`` (``"key": `` or
+    ``"key": value``)."""
+    assert text.count(needle) == 1, needle
+    index = text.index(needle) + needle.index(": ") + 2
+    line = text.count("\n", 0, index) + 1
+    return f"{line}:{index - text.rfind(chr(10), 0, index)}"
+
+
+def _ct(weights: dict[str, Any], acts: Any = None, targets: Any = ("Linear",)) -> dict[str, Any]:
+    group = {"targets": list(targets) if isinstance(targets, tuple) else targets,
+             "weights": weights, "input_activations": acts}  # fmt: skip
+    return {"quant_method": "compressed-tensors", "config_groups": {"g": group}}
+
+
+W4 = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}
+CT_W = "quantization_config.config_groups.g.weights"
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True}
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+
+#: case -> (quantization_config, the key (and value) the origin points at, message)
+WRONG_VALUES: dict[str, tuple[Any, str, str]] = {
+    # Q1: booleans are booleans, never read by truthiness
+    "gptq sym 'false'": (
+        {**GPTQ, "sym": "false"}, '"sym": ',
+        "quantization_config.sym: expected a boolean (true or false, unquoted), "
+        "got 'false' (a string)",
+    ),
+    "gptq sym 0": (
+        {**GPTQ, "sym": 0}, '"sym": ',
+        "quantization_config.sym: expected a boolean (true or false, unquoted), got 0",
+    ),
+    "awq zero_point 'false'": (
+        {**AWQ, "zero_point": "false"}, '"zero_point": ',
+        "quantization_config.zero_point: expected a boolean (true or false, unquoted), "
+        "got 'false' (a string)",
+    ),
+    "ct symmetric 'false'": (
+        _ct({**W4, "symmetric": "false"}), '"symmetric": ',
+        f"{CT_W}.symmetric: expected a boolean (true or false, unquoted), got 'false' (a string)",
+    ),
+    "ct dynamic 'locale'": (
+        _ct({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
+            {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+             "dynamic": "locale"}),
+        '"dynamic": ',
+        "quantization_config.config_groups.g.input_activations.dynamic: expected true, false "
+        "or 'local', got 'locale' (a string)",
+    ),
+    "ct dynamic 'false'": (
+        _ct({"num_bits": 8, "type": "float", "strategy": "channel"},
+            {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": "false"}),
+        '"dynamic": ',
+        "quantization_config.config_groups.g.input_activations.dynamic: expected true, false "
+        "or 'local', got 'false' (a string)",
+    ),
+    # Q2: a present AWQ bit width is never replaced by 4
+    "awq bits 0": (
+        {**AWQ, "bits": 0}, '"bits": ',
+        "quantization_config.bits: 0-bit integer weights are not a MoE scheme vLLM's oracles "
+        "select (4 or 8)",
+    ),
+    "awq bits false": (
+        {**AWQ, "bits": False}, '"bits": ',
+        "quantization_config.bits: expected an integer, got false (a boolean)",
+    ),
+    "awq bits null": (
+        {**AWQ, "bits": None}, '"bits": ',
+        "quantization_config.bits: expected an integer, got None",
+    ),
+    "awq bits missing": (
+        {k: v for k, v in AWQ.items() if k != "bits"}, '"quantization_config": ',
+        "quantization_config: missing key `w_bit` (or `bits`): the integer weights' bit width "
+        "(4 or 8)",
+    ),
+    # Q3: a present fp8 activation scheme is one of vLLM's, as vLLM spells it
+    "fp8 scheme ''": (
+        {"quant_method": "fp8", "activation_scheme": "", "weight_block_size": [128, 128]},
+        '"activation_scheme": ',
+        "quantization_config.activation_scheme: unknown fp8 activation scheme '' "
+        "(known: dynamic, static)",
+    ),
+    "fp8 scheme false": (
+        {"quant_method": "fp8", "activation_scheme": False, "weight_block_size": [128, 128]},
+        '"activation_scheme": ',
+        "quantization_config.activation_scheme: expected fp8 activation scheme "
+        "(dynamic or static), got false (a boolean)",
+    ),
+    "fp8 scheme null": (
+        {"quant_method": "fp8", "activation_scheme": None},
+        '"activation_scheme": ',
+        "quantization_config.activation_scheme: expected fp8 activation scheme "
+        "(dynamic or static), got None",
+    ),
+    "fp8 scheme miscased": (
+        {"quant_method": "fp8", "activation_scheme": "Dynamic"},
+        '"activation_scheme": ',
+        "quantization_config.activation_scheme: unknown fp8 activation scheme 'Dynamic' "
+        "(did you mean 'dynamic'?) (known: dynamic, static)",
+    ),
+    "fp8 scheme misspelled": (
+        {"quant_method": "fp8", "activation_scheme": "dynamc"},
+        '"activation_scheme": ',
+        "quantization_config.activation_scheme: unknown fp8 activation scheme 'dynamc' "
+        "(did you mean 'dynamic'?) (known: dynamic, static)",
+    ),
+    # Q4: an integer is an integer (8.0 and true are not)
+    "gptq bits 4.0": (
+        {**GPTQ, "bits": 4.0}, '"bits": ', "quantization_config.bits: expected an integer, got 4.0"
+    ),
+    "gptq group_size -1.0": (
+        {**GPTQ, "group_size": -1.0}, '"group_size": ',
+        "quantization_config.group_size: expected an integer, got -1.0",
+    ),
+    "awq group_size 128.0": (
+        {**AWQ, "group_size": 128.0}, '"group_size": ',
+        "quantization_config.group_size: expected an integer, got 128.0",
+    ),
+    "ct num_bits 8.0": (
+        _ct({"num_bits": 8.0, "type": "int", "strategy": "channel"}), '"num_bits": ',
+        f"{CT_W}.num_bits: expected an integer, got 8.0",
+    ),
+    "ct num_bits true": (
+        _ct({**W4, "num_bits": True}), '"num_bits": ',
+        f"{CT_W}.num_bits: expected an integer, got true (a boolean)",
+    ),
+    "ct group_size 16.0": (
+        _ct({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16.0}),
+        '"group_size": ', f"{CT_W}.group_size: expected an integer, got 16.0",
+    ),
+    "ct activation num_bits 8.0": (
+        _ct({"num_bits": 8, "type": "float", "strategy": "channel"},
+            {"num_bits": 8.0, "type": "float", "strategy": "token", "dynamic": True}),
+        '"num_bits": 8.0',
+        "quantization_config.config_groups.g.input_activations.num_bits: expected an integer, "
+        "got 8.0",
+    ),
+    # Q5: GPTQ without a bit width says so (vLLM's AutoGPTQConfig requires `bits` too)
+    "gptq bits missing": (
+        {k: v for k, v in GPTQ.items() if k != "bits"}, '"quantization_config": ',
+        "quantization_config: missing key `bits`: the integer weights' bit width (4 or 8)",
+    ),
+    # Q6: targets is a list
+    "ct targets a string": (
+        _ct(W4, targets="Linear"), '"targets": ',
+        "quantization_config.config_groups.g.targets: expected a list of the layers this group "
+        "quantizes (e.g. [\"Linear\"]), got 'Linear' (a string)",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(WRONG_VALUES))
+def test_a_wrong_value_is_one_error_naming_its_key_never_a_default(case, tmp_path):
+    quant, key, message = WRONG_VALUES[case]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_with(quant), indent=2))
+    origin, got = _error_at(path)
+    assert (origin, got) == (f"file:{path}:{_position(path.read_text(), key)}", message)
+
+
+@pytest.mark.parametrize(
+    ("quant", "symmetric"),
+    [
+        ({**GPTQ, "sym": False}, False),
+        ({**GPTQ, "sym": True}, True),
+        ({k: v for k, v in GPTQ.items() if k != "sym"}, True),  # AutoGPTQ's default
+        ({**AWQ, "zero_point": False}, True),
+        ({**AWQ, "zero_point": True}, False),
+        (_ct({**W4, "symmetric": False}), False),
+        (_ct(W4), True),  # compressed-tensors' default
+    ],
+)
+def test_real_booleans_set_symmetry(quant, symmetric):
+    assert model_facts_from_mapping(_with(quant)).value("model.quant.symmetric") is symmetric
+
+
+@pytest.mark.parametrize(
+    ("quant", "expected"),
+    [
+        (AWQ, ("int4", 128)),
+        ({"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": True}, ("int4", 64)),
+        ({**AWQ, "w_bit": 8, "bits": None}, ("int8", 128)),  # vLLM reads w_bit first
+        ({**GPTQ, "bits": 8, "group_size": -1}, ("int8", None)),
+        (_ct({"type": "int", "strategy": "channel"}), ("int8", None)),  # num_bits defaults to 8
+    ],
+)
+def test_integer_bit_widths_and_group_sizes(quant, expected):
+    facts = model_facts_from_mapping(_with(quant))
+    assert (facts.value("model.quantization"), facts.value("model.quant.group_size")) == expected
+
+
+def test_an_absent_fp8_activation_scheme_is_dynamic():
+    facts = model_facts_from_mapping(_with({"quant_method": "fp8"}))
+    assert facts.value("model.quant.activation") == "dynamic_tensor"
