@@ -3,7 +3,8 @@
 Common weight layout (as checkpoints and vLLM hold it):
 
 * ``w13``: ``[E, 2I, H]`` for gated activations, gate rows ``0..I-1`` then up rows
-  ``I..2I-1`` (``swigluoai`` interleaves them instead: even rows gate, odd rows up);
+  ``I..2I-1`` (``swiglustep`` too; ``swigluoai`` interleaves them instead: even rows gate,
+  odd rows up);
   ``[E, I, H]`` for non-gated activations.
 * ``w2``: ``[E, H, I]``.
 * optional biases ``w13_bias`` ``[E, N1]`` and ``w2_bias`` ``[E, H]``.
@@ -28,8 +29,10 @@ if TYPE_CHECKING:
 
     from moe_policy.experts.lora import MoELoRAContext
 
-#: Activations applied as ``act(gate) * up`` on a ``[gate; up]`` w13 output.
-GATED_ACTIVATIONS = frozenset({"silu", "gelu", "gelu_tanh", "swigluoai"})
+#: Activations applied as ``act(gate) * up`` on a ``[gate; up]`` w13 output. Two clamp at
+#: ``swiglu_limit``: ``swigluoai`` (gpt-oss; interleaved w13, see above) and ``swiglustep``
+#: (``min(silu(gate), limit) * clamp(up, -limit, limit)``, Step-3.5's experts).
+GATED_ACTIVATIONS = frozenset({"silu", "gelu", "gelu_tanh", "swigluoai", "swiglustep"})
 #: Activations applied elementwise on a single ``[I]`` w13 output.
 NON_GATED_ACTIVATIONS = frozenset({"silu", "gelu", "gelu_tanh", "relu2"})
 
@@ -46,6 +49,8 @@ class ExpertsConfig:
     gated: bool = True
     has_bias: bool = False
     apply_router_weight_on_input: bool = False
+    #: ``swigluoai``'s sigmoid scale; ``swiglu_limit``: the clamp of ``swigluoai`` and
+    #: ``swiglustep`` (vLLM's fused MoE runs both at 7.0).
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
 
@@ -135,11 +140,28 @@ class FusedMoEExperts(ABC):
     activation_format: ClassVar[str] = "standard"
     #: Whether ``apply`` accepts a LoRA context.
     supports_lora: ClassVar[bool] = False
+    #: Activations the class runs, gated and non-gated (its catalog entry's ``activations``
+    #: list the same; ``tests/kernels/test_catalog_matches_kernels.py`` checks it). Subsets
+    #: of ``GATED_ACTIVATIONS`` / ``NON_GATED_ACTIVATIONS``; ``__init__`` refuses the others.
+    gated_activations: ClassVar[frozenset[str]] = GATED_ACTIVATIONS
+    non_gated_activations: ClassVar[frozenset[str]] = NON_GATED_ACTIVATIONS
 
     @classmethod
     def supports(cls, ctx: Mapping[str, Any]) -> tuple[bool, str | None]:
         """Extra feasibility check beyond the catalog; ``ctx`` maps context keys to values."""
         return True, None
+
+    @classmethod
+    def runs_activation(cls, config: ExpertsConfig) -> tuple[bool, str | None]:
+        """Whether this class runs ``config``'s activation (with its gating); reason when not."""
+        allowed = cls.gated_activations if config.gated else cls.non_gated_activations
+        if config.activation in allowed:
+            return True, None
+        kind = "gated" if config.gated else "non-gated"
+        return False, (
+            f"{cls.__name__} does not run {kind} activation "
+            f"{config.activation!r}; it runs {sorted(allowed)}"
+        )
 
     @classmethod
     def is_available(cls) -> tuple[bool, str | None]:
@@ -154,6 +176,9 @@ class FusedMoEExperts(ABC):
         w13_bias: torch.Tensor | None = None,
         w2_bias: torch.Tensor | None = None,
     ) -> None:
+        ok, reason = self.runs_activation(config)
+        if not ok:
+            raise ValueError(reason)
         self.config = config
         self.weights = self.convert_weights(config, w13, w2, w13_bias, w2_bias)
 

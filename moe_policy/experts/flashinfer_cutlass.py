@@ -96,6 +96,8 @@ class FlashInferCutlassExperts(FusedMoEExperts):
     backend = "flashinfer_cutlass"
     activation_format = "standard"
     supports_lora = False
+    gated_activations = frozenset(a for gated, a in ACTIVATION_TYPES if gated)
+    non_gated_activations = frozenset(a for gated, a in ACTIVATION_TYPES if not gated)
 
     @classmethod
     def is_available(cls) -> tuple[bool, str | None]:

@@ -26,7 +26,8 @@ Exactly what runs (the catalog entry must say the same):
   * platform CUDA, compute capability >= 9.0, torch with ``torch.nn.functional.grouped_mm``
     or ``torch._grouped_mm`` that passes a bf16 probe on the device (``is_available``);
   * dtype bf16 only (activations, weights, biases and adapters);
-  * gated activations silu, gelu, gelu_tanh, swigluoai (interleaved, clamped, with biases);
+  * gated activations silu, gelu, gelu_tanh, swigluoai (interleaved, clamped, with biases),
+    swiglustep (clamped at ``swiglu_limit``);
     non-gated silu, gelu, gelu_tanh, relu2; biases; router weight on input or output;
   * LoRA yes (any number of slots, -1 rows and disabled slots give exactly no delta),
     with the max rank a multiple of 8 (16-byte row alignment of grouped_mm operands);

@@ -30,7 +30,12 @@ from moe_policy.experts.lora import MoELoRAContext, check_lora
 def apply_activation(
     h: torch.Tensor, activation: str, gated: bool, *, alpha: float = 1.702, limit: float = 7.0
 ) -> torch.Tensor:
-    """``[..., N1]`` -> ``[..., I]`` (gated) or ``[..., I]`` (non-gated), in h's dtype."""
+    """``[..., N1]`` -> ``[..., I]`` (gated) or ``[..., I]`` (non-gated), in h's dtype.
+
+    Gated ``h`` is ``[gate; up]`` along the last dimension, except ``swigluoai`` (gate at even,
+    up at odd channels). The clamped ones: ``swigluoai`` ``(clamp(up, +-limit) + 1) * g *
+    sigmoid(alpha * g)`` with ``g = min(gate, limit)``; ``swiglustep`` ``min(silu(gate),
+    limit) * clamp(up, +-limit)`` (the clamp after the SiLU; ``alpha`` unused)."""
     if not gated:
         if activation == "relu2":
             return torch.relu(h).square()
@@ -54,6 +59,8 @@ def apply_activation(
         return F.gelu(gate) * up
     if activation == "gelu_tanh":
         return F.gelu(gate, approximate="tanh") * up
+    if activation == "swiglustep":
+        return F.silu(gate).clamp(max=limit) * up.clamp(min=-limit, max=limit)
     raise ValueError(f"unknown gated activation {activation!r}")
 
 

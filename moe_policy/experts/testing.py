@@ -22,10 +22,13 @@ from moe_policy.experts.reference import fused_moe_reference
 #: Whether a CUDA device runs the kernels compiled (else Triton's interpreter runs them).
 ON_GPU = torch.cuda.is_available()
 
-#: Model shapes at full size: name -> (E, k, H, I, activation, gated).
+#: Model shapes at full size: name -> (E, k, H, I, activation, gated). ``swiglustep_synthetic``
+#: is no model's layer (none with swiglustep experts is among configs/models): a layer of that
+#: size, to run the clamped activation at full shape.
 FULL_SHAPES = {
     "nemotron3_nano": (128, 6, 2688, 1856, "relu2", False),
     "mixtral_8x7b": (8, 2, 4096, 14336, "silu", True),
+    "swiglustep_synthetic": (64, 8, 2048, 1280, "swiglustep", True),
 }
 
 #: Routing kinds of :func:`make_routing`.
@@ -217,6 +220,32 @@ def reference_output(
         lora=lora if lora is None or dtype is None else lora_in(lora, dtype),
         swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit,
     )  # fmt: skip
+
+
+def swiglustep_float64(
+    weights: dict[str, Any],
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    limit: float,
+) -> torch.Tensor:
+    """A ``swiglustep`` MoE layer in float64, written out apart from the reference (no LoRA,
+    router weight on the output): per (token, slot) pair with ``e >= 0``, ``[g; u] = W13[e] x
+    + b13[e]``, ``a = min(g / (1 + exp(-g)), limit) * min(max(u, -limit), limit)``, and
+    ``out[t] += w * (W2[e] a + b2[e])``. Gathers ``[T, k, 2I, H]``: tiny shapes only."""
+    ids = topk_ids.long()
+    e = ids.clamp_min(0)
+    keep = (ids >= 0).double()[..., None] * topk_weights.double()[..., None]
+    h = torch.einsum("tknh,th->tkn", weights["w13"].double()[e], x.double())
+    if weights.get("w13_bias") is not None:
+        h = h + weights["w13_bias"].double()[e]
+    g, u = h.chunk(2, dim=-1)
+    lim = torch.tensor(limit, dtype=torch.float64, device=h.device)
+    a = torch.minimum(g / (1.0 + torch.exp(-g)), lim) * torch.minimum(torch.maximum(u, -lim), lim)
+    y = torch.einsum("tkhi,tki->tkh", weights["w2"].double()[e], a)
+    if weights.get("w2_bias") is not None:
+        y = y + weights["w2_bias"].double()[e]
+    return (keep * y).sum(dim=1)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -24,6 +24,7 @@ from moe_policy.experts.testing import (
     reference_output,
     rel_err,
     skewed_routing,
+    swiglustep_float64,
 )
 from moe_policy.experts.triton.batched import (
     BatchedTritonExperts,
@@ -43,6 +44,7 @@ ACTIVATIONS = [
     ("silu", True, False),
     ("gelu", True, False),
     ("swigluoai", True, True),
+    ("swiglustep", True, True),
     ("relu2", False, False),
     ("gelu_tanh", False, True),
     ("silu", False, False),
@@ -115,13 +117,14 @@ def test_matches_reference(
 
 
 @pytest.mark.parametrize("use_lora", [False, True], ids=["base", "lora"])
-def test_swiglu_clamp_limit_is_applied(use_lora: bool, device: str) -> None:
-    """swigluoai clamps gate and up at the layer's swiglu_limit: with a limit of 0.5 most
+@pytest.mark.parametrize("activation", ["swigluoai", "swiglustep"])
+def test_swiglu_clamp_limit_is_applied(activation: str, use_lora: bool, device: str) -> None:
+    """swigluoai and swiglustep clamp at the layer's swiglu_limit: with a limit of 0.5 most
     pre-activations are clamped, and the result follows the reference at that limit, not at
     the default 7 (a launcher once passed another value in its place)."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     e, h, i, k, t = 6, 80, 40, 2, 40
-    cfg = ExpertsConfig(e, h, i, k, activation="swigluoai", has_bias=True, swiglu_limit=0.5)
+    cfg = ExpertsConfig(e, h, i, k, activation=activation, has_bias=True, swiglu_limit=0.5)
     wt = make_weights(cfg, dtype, device)
     x = make_x(t, h, dtype, device)
     ids, w = skewed_routing(t, e, k, device)
@@ -139,6 +142,8 @@ def test_swiglu_clamp_limit_is_applied(use_lora: bool, device: str) -> None:
 
     assert rel_err(out, ref(0.5)) < REL_L2[dtype]
     assert rel_err(ref(7.0), ref(0.5)) > 20 * REL_L2[dtype]
+    if activation == "swiglustep" and not use_lora:  # and the float64 formula, apart from ref
+        assert rel_err(out, swiglustep_float64(wt, x, w, ids, 0.5)) < REL_L2[dtype]
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "non_gated"])

@@ -1,8 +1,10 @@
 """Triton fused MoE at full model shapes in bf16 on the GPU, with and without LoRA.
 
 Nemotron-3-Nano (relu2 non-gated), Mixtral-8x7B (silu), Qwen3-30B-A3B (silu, k=8) and
-gpt-oss-20b (interleaved swigluoai with biases, H = I = 2880: tails in N and K), against the
-torch reference in fp32 on the same bf16 inputs. Also: CUDA-graph capture and no host sync.
+gpt-oss-20b (interleaved swigluoai with biases, H = I = 2880: tails in N and K) and a
+swiglustep layer of no particular model (its clamp at a limit of 1, so that it engages on
+h ~ N(0, 1)), against the torch reference in fp32 on the same bf16 inputs. Also: CUDA-graph
+capture and no host sync.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ SHAPES = {
     "mixtral-8x7b": ExpertsConfig(8, 4096, 14336, 2, "silu"),
     "qwen3-30b-a3b": ExpertsConfig(128, 2048, 768, 8, "silu"),
     "gpt-oss-20b": ExpertsConfig(32, 2880, 2880, 4, "swigluoai", has_bias=True),
+    "swiglustep-synthetic": ExpertsConfig(64, 2048, 1280, 8, "swiglustep", swiglu_limit=1.0),
 }
 TOKENS = (1, 37, 256, 1001)
 LORA_TOKENS = (3, 129, 3000)  # 3000: experts span several blocks, pairs ordered by adapter
@@ -114,6 +117,7 @@ def test_full_shape_lora_bf16(name, t, layers):
     wt = backend.weights
     base = fused_moe_triton(x, wt["w13"], wt["w2"], tw, ti, activation=cfg.activation,
                             gated=cfg.gated, w13_bias=wt["w13_bias"], w2_bias=wt["w2_bias"],
+                            swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit,
                             plan=dataclasses.replace(plan, stream_k=False))  # fmt: skip
     assert torch.equal(out[none], base[none]), "tokens without an adapter must get the base output"
     assert rel_err(split[none], base[none]) < 4e-3, "stream-K tails change more than rounding"

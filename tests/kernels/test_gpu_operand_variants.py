@@ -123,6 +123,8 @@ def test_batched_format_fp32(name, rows, use_lora, layers):
 ODD = {
     "gated": ExpertsConfig(16, 1004, 740, 4, "silu"),
     "non-gated": ExpertsConfig(16, 1004, 740, 4, "relu2", gated=False),
+    # the clamp at a limit of 1 engages on h ~ N(0, 1)
+    "swiglustep": ExpertsConfig(16, 1004, 740, 4, "swiglustep", swiglu_limit=1.0),
 }
 
 
@@ -138,7 +140,8 @@ def test_unaligned_rows_take_pointer_loads(name, t, use_lora):
     x, w, ids, lora = _call_inputs(cfg, t, torch.bfloat16, _adapters(cfg, torch.bfloat16), use_lora)
     conv = TritonExperts.convert_weights(cfg, wt["w13"], wt["w2"])
     out = triton_moe.fused_moe_triton(x, conv["w13"], conv["w2"], w, ids,
-                                      activation=cfg.activation, gated=cfg.gated, lora=lora)  # fmt: skip
+                                      activation=cfg.activation, gated=cfg.gated, lora=lora,
+                                      swiglu_limit=cfg.swiglu_limit)  # fmt: skip
     err = rel_err(out, _reference(cfg, wt, x, w, ids, lora))
     assert err < 1.5e-2, f"{name} T={t}: {err:.2e}"
 

@@ -23,6 +23,7 @@ from moe_policy.experts.testing import (
     make_weights,
     reference_output,
     rel_err,
+    swiglustep_float64,
 )
 
 #: fp32 on the CPU: same fp32 products as the reference, summed in another order.
@@ -35,6 +36,7 @@ ACTIVATIONS = [
     ("gelu", True, True),
     ("gelu_tanh", True, False),
     ("swigluoai", True, True),
+    ("swiglustep", True, True),
     ("relu2", False, False),
     ("silu", False, True),
     ("gelu", False, False),
@@ -149,6 +151,35 @@ def test_pipeline_matches_reference_on_cpu(
     if use_lora:
         base = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, **{**kw, "lora": None})
         assert rel_err(base, ref) > 1e-2
+
+
+@pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
+@pytest.mark.parametrize("use_lora", [False, True], ids=["base", "lora"])
+def test_pipeline_swiglustep_clamps_at_the_layer_limit_on_cpu(use_lora: bool) -> None:
+    """swiglustep at a limit of 0.5 (most silu(gate) and |up| past it): the pipeline follows
+    the reference at that limit, not at 7, and without LoRA the float64 formula written out
+    apart from the reference."""
+    e, h, i, k, t = 6, 48, 40, 2, 20
+    cfg = ExpertsConfig(e, h, i, k, activation="swiglustep", has_bias=True, swiglu_limit=0.5)
+    wt = make_weights(cfg, torch.float32, "cpu", seed=6)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(t, h, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    ids[2, 0] = -1
+    w = torch.rand(t, k, generator=g)
+    lora = None
+    if use_lora:
+        ad = make_lora(cfg, num_slots=3, max_rank=8, ranks=[8, 4, 8], disabled=(2,),
+                       dtype=torch.float32, device="cpu")  # fmt: skip
+        lora = MoELoRAContext(ad, (torch.arange(t, dtype=torch.int32) % 4) - 1)
+    kw = dict(activation="swiglustep", w13_bias=wt["w13_bias"], w2_bias=wt["w2_bias"], lora=lora)
+    out = grouped_mm_fused_moe(x, wt["w13"], wt["w2"], w, ids, swiglu_limit=0.5, **kw)
+    ref = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, swiglu_limit=0.5, **kw)
+    assert rel_err(out, ref) < CPU_FP32_REL_L2
+    at_7 = fused_moe_reference(x, wt["w13"], wt["w2"], w, ids, swiglu_limit=7.0, **kw)
+    assert rel_err(at_7, ref) > 0.1
+    if not use_lora:
+        assert rel_err(out, swiglustep_float64(wt, x, w, ids, 0.5)) < CPU_FP32_REL_L2
 
 
 @pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")

@@ -10,13 +10,19 @@ torch = pytest.importorskip("torch")
 
 from moe_policy.experts.base import ExpertsConfig  # noqa: E402
 from moe_policy.experts.lora import MoELoRAContext  # noqa: E402
-from moe_policy.experts.reference import ReferenceExperts, fused_moe_reference  # noqa: E402
+from moe_policy.experts.reference import (  # noqa: E402
+    ReferenceExperts,
+    apply_activation,
+    fused_moe_reference,
+)
 from moe_policy.experts.testing import (  # noqa: E402
     lora_mapping,
     make_lora,
     make_routing,
     make_weights,
     make_x,
+    rel_err,
+    swiglustep_float64,
 )
 
 #: Both sides compute in float64 from the same inputs; only summation order differs.
@@ -68,6 +74,10 @@ def _brute_force(cfg: ExpertsConfig, wts: dict, x, tw, ti, lora: MoELoRAContext 
                     g, u = min(float(h[2 * c]), cfg.swiglu_limit), float(h[2 * c + 1])
                     u = max(-cfg.swiglu_limit, min(u, cfg.swiglu_limit))
                     a[c] = (u + 1.0) * g / (1.0 + math.exp(-cfg.swiglu_alpha * g))
+                elif cfg.activation == "swiglustep":  # [gate; up], the clamp after the SiLU
+                    lim = cfg.swiglu_limit
+                    g = min(_act_scalar(float(h[c]), "silu"), lim)
+                    a[c] = g * max(-lim, min(float(h[i_sz + c]), lim))
                 elif cfg.gated:
                     a[c] = _act_scalar(float(h[c]), cfg.activation) * float(h[i_sz + c])
                 else:
@@ -87,6 +97,8 @@ CASES = [
     ("gelu", True, False, False),
     ("gelu_tanh", True, True, False),
     ("swigluoai", True, True, False),
+    ("swiglustep", True, True, False),
+    ("swiglustep", True, False, True),
     ("relu2", False, False, False),
     ("silu", False, True, False),
     ("gelu", False, False, True),
@@ -119,6 +131,63 @@ def test_reference_matches_brute_force(activation, gated, has_bias, on_input, wi
     brute = _brute_force(cfg, wts, x, tw.double(), ti, lora)
     assert ref.dtype == torch.float64
     torch.testing.assert_close(ref, brute, rtol=FP64_TOL, atol=FP64_TOL)
+
+
+@pytest.mark.parametrize("with_lora", [False, True])
+def test_reference_swiglustep_clamps_at_the_layer_limit(with_lora):
+    """swiglustep at a limit of 0.5, which most SiLU outputs and up values exceed: the
+    reference follows the brute-force loop (and, without LoRA, the separate float64 formula)
+    at that limit, and differs from the result at the default 7."""
+    cfg = ExpertsConfig(6, 12, 8, 3, "swiglustep", True, True, swiglu_limit=0.5)
+    wts = make_weights(cfg, torch.float64, "cpu")
+    x = make_x(9, 12, torch.float64, "cpu") * 3.0  # |up| and silu(gate) well past the limit
+    tw, ti = make_routing(9, 6, 3, "cpu", seed=4)
+    ti[5, 1] = -1
+    lora = None
+    if with_lora:
+        ad = make_lora(cfg, num_slots=2, max_rank=4, ranks=[4, 3], dtype=torch.float64,
+                       device="cpu")  # fmt: skip
+        lora = MoELoRAContext(ad, lora_mapping(9, "some_none", 2, "cpu"))
+
+    def ref(limit: float) -> torch.Tensor:
+        return fused_moe_reference(
+            x, wts["w13"], wts["w2"], tw.double(), ti, activation="swiglustep",
+            w13_bias=wts["w13_bias"], w2_bias=wts["w2_bias"], lora=lora, swiglu_limit=limit,
+        )  # fmt: skip
+
+    # the clamps decide: a good share of the pre-activations is past the limit on both sides
+    h = torch.einsum("eoh,th->teo", wts["w13"], x) + wts["w13_bias"]
+    gate, up = h[..., :8], h[..., 8:]
+    assert float((torch.nn.functional.silu(gate) > 0.5).double().mean()) > 0.2
+    assert float((up.abs() > 0.5).double().mean()) > 0.5
+    out = ref(0.5)
+    torch.testing.assert_close(out, _brute_force(cfg, wts, x, tw.double(), ti, lora),
+                               rtol=FP64_TOL, atol=FP64_TOL)  # fmt: skip
+    if lora is None:
+        formula = swiglustep_float64(wts, x, tw, ti, 0.5)
+        torch.testing.assert_close(out, formula, rtol=FP64_TOL, atol=FP64_TOL)
+    assert rel_err(out, ref(7.0)) > 0.1
+
+
+def test_apply_activation_swiglustep_elementwise():
+    """The activation alone, against values worked out by hand in float64: [gate; up] halves,
+    min(silu(gate), limit) * clamp(up, -limit, limit); alpha plays no part."""
+    gate = [-3.0, 0.0, 1.0, 10.0, 7.5]
+    up = [9.0, -9.0, 0.3, 2.0, -7.25]
+    h = torch.tensor([gate + up], dtype=torch.float64)
+    want = []
+    for g, u in zip(gate, up, strict=True):
+        s = min(g / (1.0 + math.exp(-g)), 7.0)
+        want.append(s * max(-7.0, min(u, 7.0)))
+    got = apply_activation(h, "swiglustep", True, alpha=0.1, limit=7.0)
+    torch.testing.assert_close(got, torch.tensor([want], dtype=torch.float64), rtol=1e-15,
+                               atol=1e-15)  # fmt: skip
+    # silu(10) = 9.9995 is clamped to 7, up 9 and -9 to +-7: only the limit sets those
+    assert got[0, 3].item() == 7.0 * 2.0 and got[0, 0].item() == pytest.approx(
+        -3.0 / (1.0 + math.exp(3.0)) * 7.0, rel=1e-15
+    )
+    with pytest.raises(ValueError, match="swiglustep"):
+        apply_activation(h, "swiglustep", False)
 
 
 def test_reference_experts_backend_matches_function():

@@ -1,8 +1,8 @@
 """Multi-adapter LoRA in the Triton fused MoE against the torch reference.
 
 Mappings all-same / round-robin / some -1 / none, a disabled slot, ranks below the max rank
-(zero-padded), gated, non-gated and interleaved swigluoai; tokens without an adapter must get
-exactly the base output.
+(zero-padded), gated, non-gated, interleaved swigluoai and clamped swiglustep; tokens without
+an adapter must get exactly the base output.
 """
 
 from __future__ import annotations
@@ -76,6 +76,23 @@ CASES = [
         "round_robin",
         [16, 8, 12],
         (),
+    ),
+    (
+        "swiglustep-bias-rr",
+        ExpertsConfig(8, 64, 32, 4, "swiglustep", has_bias=True),
+        10,
+        "round_robin",
+        [16, 8, 12],
+        (),
+    ),
+    (
+        # a limit most pre-activations exceed: the w13 deltas pass through the clamps
+        "swiglustep-clamp-some-none",
+        ExpertsConfig(8, 48, 32, 2, "swiglustep", swiglu_limit=0.5),
+        13,
+        "some_none",
+        [16, 8, 12],
+        (2,),
     ),
     (
         "weight-on-input",
@@ -154,6 +171,12 @@ TILES_64_TAIL = tc.MoEConfig(
         (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64, 16, [16, 8, 16]),
         (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64, 64, [64, 8, 40]),
         (ExpertsConfig(8, 48, 32, 2, "swigluoai", has_bias=True), None, 64, [64, 16, 8]),
+        (
+            ExpertsConfig(8, 64, 48, 2, "swiglustep", has_bias=True, swiglu_limit=0.5),
+            TILES_64,
+            16,
+            [16, 8, 16],
+        ),
         (ExpertsConfig(8, 64, 48, 2, "silu"), TILES_64_TMA, 16, [16, 8, 16]),
         (ExpertsConfig(8, 64, 48, 2, "gelu", has_bias=True), TILES_64_TWO_DOT, 16, [8, 16, 16]),
         (ExpertsConfig(8, 48, 32, 2, "relu2", gated=False), TILES_64_TMA, 32, [32, 8, 24]),
@@ -165,6 +188,7 @@ TILES_64_TAIL = tc.MoEConfig(
         "bm64-one-dot",
         "bm64-rank64-chunks",
         "rank64-chunks",
+        "bm64-one-dot-swiglustep-clamp",
         "bm64-tma",
         "bm64-two-dot",
         "bm64-tma-relu2",

@@ -360,6 +360,13 @@ MODEL_CASES = [
     ("swigluoai-clamp-k2",
      ExpertsConfig(8, 64, 48, 2, "swigluoai", has_bias=True, swiglu_alpha=1.0, swiglu_limit=0.5),
      13),
+    ("swiglustep-bias-k4", ExpertsConfig(8, 64, 48, 4, "swiglustep", has_bias=True), 11),
+    # the same for swiglustep: silu(gate) and |up| past the limit decide the result
+    ("swiglustep-clamp-k2",
+     ExpertsConfig(8, 64, 48, 2, "swiglustep", has_bias=True, swiglu_limit=0.5), 13),
+    ("swiglustep-weight-on-input-k1",
+     ExpertsConfig(4, 32, 32, 1, "swiglustep", apply_router_weight_on_input=True,
+                   swiglu_limit=0.5), 7),
     ("weight-on-input-k1", ExpertsConfig(4, 64, 32, 1, "silu", apply_router_weight_on_input=True), 19),
     ("weight-on-input-relu2",
      ExpertsConfig(8, 32, 32, 2, "relu2", gated=False, has_bias=True, apply_router_weight_on_input=True),
@@ -401,10 +408,13 @@ def test_triton_routing_shapes(t, routing, naive, device):
     [
         ("silu", True, SMALL_TILES),
         ("swigluoai", True, SMALL_TILES_ONE_DOT),
+        ("swiglustep", True, SMALL_TILES),
+        ("swiglustep", True, SMALL_TILES_ONE_DOT),
         ("gelu", True, SMALL_TILES_ONE_DOT),
         ("relu2", False, SMALL_TILES),
         ("silu", True, SMALL_TILES_TMA),
         ("swigluoai", True, SMALL_TILES_TMA),
+        ("swiglustep", True, SMALL_TILES_TMA),
         ("relu2", False, SMALL_TILES_TMA),
     ],
 )
@@ -454,6 +464,27 @@ def test_triton_tail_tiles_match_reference(act, gated, tiles, t, k, device):
     assert any(f > tiles.tail_m for f in fills), fills
     err = _run(cfg, t, dtype, device, tiles=tiles)
     assert err < REL_TOL[dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("tiles", [None, SMALL_TILES, SMALL_TILES_ONE_DOT],
+                         ids=["default", "two-dot", "one-dot"])  # fmt: skip
+def test_swiglustep_matches_the_float64_formula(tiles, device):
+    """swiglustep at a limit of 0.5 against the float64 formula written out on its own
+    (``testing.swiglustep_float64``, not the reference): the kernel clamps silu(gate) and up
+    at the layer's limit, not at the default 7, with biases and an expert off this rank."""
+    from moe_policy.experts.testing import swiglustep_float64
+
+    dtype = dtypes_for_device()[-1]
+    cfg = ExpertsConfig(6, 48, 40, 2, "swiglustep", has_bias=True, swiglu_limit=0.5)
+    wts = make_weights(cfg, dtype, device, seed=6)
+    x = make_x(19, 48, dtype, device, seed=7)
+    tw, ti = make_routing(19, 6, 2, device, seed=8)
+    ti[4, 1] = -1
+    out = TritonExperts(cfg, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"],
+                        tile_config=tiles).apply(x, tw, ti)  # fmt: skip
+    want = swiglustep_float64(wts, x, tw, ti, 0.5)
+    assert rel_err(out, want) < REL_TOL[dtype]
+    assert rel_err(swiglustep_float64(wts, x, tw, ti, 7.0), want) > 0.1  # the clamp matters
 
 
 def test_tail_tiles_equal_full_tiles(device):
@@ -524,6 +555,12 @@ def test_convert_weights_is_pure(device):
         oai, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
     )
     assert torch.equal(conv["w13"], wts["w13"])  # already interleaved
+    step = ExpertsConfig(4, 16, 8, 2, "swiglustep", has_bias=True)
+    conv = TritonExperts.convert_weights(
+        step, wts["w13"], wts["w2"], wts["w13_bias"], wts["w2_bias"]
+    )
+    assert torch.equal(conv["w13"][:, 0::2], wts["w13"][:, :8])  # [gate; up]: interleaved here
+    assert torch.equal(conv["w13_bias"][:, 1::2], wts["w13_bias"][:, 8:])
 
 
 def test_launcher_rejects_bad_input(device):
@@ -542,6 +579,9 @@ def test_launcher_rejects_bad_input(device):
         fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti[:, :1].contiguous())
     with pytest.raises(ValueError, match=r"'relu2' with gated=True"):
         fused_moe_triton(x, wts["w13"], wts["w2"], tw, ti, activation="relu2")
+    with pytest.raises(ValueError, match=r"'swiglustep' with gated=False"):
+        fused_moe_triton(x, wts["w13"][:, :16], wts["w2"], tw, ti, activation="swiglustep",
+                         gated=False)  # fmt: skip
     with pytest.raises(ValueError, match=r"do not match the config"):
         TritonExperts(ExpertsConfig(4, 32, 8, 2, "silu"), wts["w13"], wts["w2"])
 

@@ -158,3 +158,38 @@ def test_mapping_without_lora_is_an_error():
             ids,
             torch.zeros(4, dtype=torch.int32, device=DEVICE),
         )
+
+
+SMALL_SWIGLUSTEP = {  # gated swiglustep experts ([gate; up], clamped at 7) at a tiny size
+    "model_type": "step3p5",
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "hidden_size": 64,
+    "moe_intermediate_size": 48,
+    "hidden_act": "swiglustep",
+    "torch_dtype": "bfloat16" if ON_GPU else "float16",
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [({}, "triton"), ({"all2all": "deepep_low_latency"}, "batched_triton"),
+     ({"backend": "reference"}, "reference")],
+    ids=["standard", "batched", "reference"],
+)  # fmt: skip
+def test_a_swiglustep_model_builds_and_runs_what_the_policy_decides(extra, expected):
+    """Gated swiglustep: the catalog gives it to triton, batched_triton and the reference, and
+    each builds and matches the reference (the decision once raised 'not a gated activation')."""
+    e, k, h, i, t = 8, 2, 64, 48, 9
+    w13, w2 = _weights(e, 2 * i, h, i)
+    layer = MoELayer.build(SMALL_SWIGLUSTEP, w13, w2, environ={}, **DRY, **extra)
+    assert layer.decision.backend == expected
+    assert (layer.config.activation, layer.config.gated) == ("swiglustep", True)
+    # pre-activations well past the limit of 7, so that the clamps decide part of the output
+    x = 12.0 * torch.randn(t, h, device=DEVICE, dtype=DTYPE)
+    weights, ids = _routing(t, e, k)
+    ref = fused_moe_reference(x, w13, w2, weights, ids, activation="swiglustep")
+    assert _rel_err(layer(x, weights, ids), ref) < RTOL
+    unclamped = fused_moe_reference(x, w13, w2, weights, ids, activation="swiglustep",
+                                    swiglu_limit=1e4)  # fmt: skip
+    assert _rel_err(unclamped, ref) > 0.05

@@ -15,10 +15,11 @@ prepare step scale the rows before dispatch.
 
 Layout: ``x`` ``[E, M, H]`` (``M`` = max tokens per expert), ``expert_num_tokens`` ``[E]``
 int32 on the device; weights in the common layout, unchanged: ``w13`` ``[E, 2I, H]``
-(gate rows then up rows; ``swigluoai`` interleaved even=gate, odd=up) or ``[E, I, H]``
-non-gated, ``w2`` ``[E, H, I]``, biases ``[E, N1]`` / ``[E, H]``. LoRA: ``MoELoRAAdapters``
-(``w13_a [S,L,E,R,H]``, ``w13_b [S,L,E,I,R]``, ``w2_a [L,E,R,I]``, ``w2_b [L,E,H,R]``,
-``enabled [L]``) and a per-row slot mapping ``[E, M]`` int32 (``-1`` = no adapter).
+(gate rows then up rows, ``swiglustep`` too; ``swigluoai`` interleaved even=gate, odd=up) or
+``[E, I, H]`` non-gated, ``w2`` ``[E, H, I]``, biases ``[E, N1]`` / ``[E, H]``. LoRA:
+``MoELoRAAdapters`` (``w13_a [S,L,E,R,H]``, ``w13_b [S,L,E,I,R]``, ``w2_a [L,E,R,I]``,
+``w2_b [L,E,H,R]``, ``enabled [L]``) and a per-row slot mapping ``[E, M]`` int32 (``-1`` =
+no adapter).
 Output ``[E, M, H]`` in ``x.dtype``; rows at or past the count are not written.
 
 Kernels (two launches without LoRA, four with):
@@ -49,16 +50,17 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_policy.experts.base import (
-    GATED_ACTIVATIONS,
-    NON_GATED_ACTIVATIONS,
-    FusedMoEExperts,
-    check_devices,
-)
+from moe_policy.experts.base import FusedMoEExperts, check_devices
 from moe_policy.experts.lora import MoELoRAContext
 from moe_policy.experts.triton.config import SMEM_LIMIT, GemmConfig, fit_stages
 from moe_policy.experts.triton.device import config_limits, sm_count, triton_runtime_available
-from moe_policy.experts.triton.jit import ACT_NONE, ACTIVATION_CODES, activation
+from moe_policy.experts.triton.jit import (
+    ACT_NONE,
+    ACTIVATION_CODES,
+    KERNEL_GATED_ACTIVATIONS,
+    KERNEL_NON_GATED_ACTIVATIONS,
+    activation,
+)
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -159,7 +161,7 @@ def _batched_gemm_kernel(
     stride_lbe,
     stride_lbn,
     stride_lbr,
-    # swigluoai parameters.
+    # swigluoai / swiglustep parameters (alpha: swigluoai only).
     alpha,
     limit,
     # Meta-parameters.
@@ -595,7 +597,7 @@ def batched_fused_experts(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Batched experts: ``x`` [E, M, H] + counts [E] -> [E, M, H] (unweighted; see module doc)."""
-    allowed = GATED_ACTIVATIONS if gated else NON_GATED_ACTIVATIONS
+    allowed = KERNEL_GATED_ACTIVATIONS if gated else KERNEL_NON_GATED_ACTIVATIONS
     if activation not in allowed:
         raise ValueError(f"activation {activation!r} (gated={gated}) not in {sorted(allowed)}")
     _check_inputs(x, expert_num_tokens, w13, w2, gated, w13_bias, w2_bias, lora)
@@ -675,6 +677,8 @@ class BatchedTritonExperts(FusedMoEExperts):
     backend = "batched_triton"
     activation_format = "batched"
     supports_lora = True
+    gated_activations = KERNEL_GATED_ACTIVATIONS
+    non_gated_activations = KERNEL_NON_GATED_ACTIVATIONS
 
     @classmethod
     def is_available(cls) -> tuple[bool, str | None]:

@@ -18,11 +18,12 @@ which tiles and options, is the call's :class:`~moe_policy.experts.triton.launch
 Weight layout expected by the kernels (``TritonExperts.convert_weights`` produces it from the
 common layout): gated ``w13 [E, 2I, H]`` interleaved, gate of column ``n`` at row ``2n`` and up
 at ``2n + 1`` (``swigluoai``'s own layout; the ``[gate; up]`` layout of the other gated
-activations is interleaved), or ``[E, I, H]`` non-gated; ``w2 [E, H, I]``; biases ``[E, N1]``
-(interleaved like w13) and ``[E, H]``. A gated GEMM-1 program reads the gate and the up rows of
-the same columns (one ``2 BLOCK_N`` wide dot, split into even and odd columns, or two dots), so
-the activation is applied in registers and only ``[numel, I]`` is written, in the alignment's
-expert-sorted order (``block_rows``), so GEMM 2 and the LoRA shrink read contiguous rows.
+activations, ``swiglustep`` included, is interleaved), or ``[E, I, H]`` non-gated;
+``w2 [E, H, I]``; biases ``[E, N1]`` (interleaved like w13) and ``[E, H]``. A gated GEMM-1
+program reads the gate and the up rows of the same columns (one ``2 BLOCK_N`` wide dot, split
+into even and odd columns, or two dots), so the activation is applied in registers and only
+``[numel, I]`` is written, in the alignment's expert-sorted order (``block_rows``), so GEMM 2
+and the LoRA shrink read contiguous rows.
 
 Operand loads: pointers, or on Hopper and newer TMA descriptors when the tile config asks
 (``GemmConfig.tma``) and rows are 16-byte aligned: the weights viewed as ``[E*N_B, K]`` (a box
@@ -78,7 +79,10 @@ from moe_policy.experts.triton.device import (
     triton_runtime_available,
 )
 from moe_policy.experts.triton.gemm import moe_gemm_kernel, moe_sum_kernel
-from moe_policy.experts.triton.jit import ACTIVATION_CODES
+from moe_policy.experts.triton.jit import (
+    KERNEL_GATED_ACTIVATIONS,
+    KERNEL_NON_GATED_ACTIVATIONS,
+)
 from moe_policy.experts.triton.launch import GemmLaunch, LaunchPlan, MoEProblem, cached_plan
 from moe_policy.experts.triton.lora import MAX_RANK, lora_shrink
 from moe_policy.experts.triton.workspace import Workspace
@@ -164,11 +168,8 @@ def fused_moe_triton(
     _check(h > 0 and i > 0, f"hidden and intermediate sizes must be positive, got H={h}, I={i}")
     check_devices(x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
                   w13_bias=w13_bias, w2_bias=w2_bias)  # fmt: skip
-    act = ACTIVATION_CODES.get(activation)
     _check(
-        act is not None
-        and (activation != "swigluoai" or gated)
-        and (activation != "relu2" or not gated),
+        activation in (KERNEL_GATED_ACTIVATIONS if gated else KERNEL_NON_GATED_ACTIVATIONS),
         f"activation {activation!r} with gated={gated} is not supported",
     )
     if w13_bias is not None or w2_bias is not None:
@@ -374,6 +375,8 @@ class TritonExperts(FusedMoEExperts):
     backend = "triton"
     activation_format = "standard"
     supports_lora = True
+    gated_activations = KERNEL_GATED_ACTIVATIONS
+    non_gated_activations = KERNEL_NON_GATED_ACTIVATIONS
 
     @classmethod
     def is_available(cls) -> tuple[bool, str | None]:

@@ -13,7 +13,7 @@ from typing import Any
 
 #: Activations the Triton kernels run, and whether each must be gated (None: either).
 KERNEL_ACTIVATIONS = {"silu": None, "gelu": None, "gelu_tanh": None, "relu2": False,
-                      "swigluoai": True, "swiglustep": None}  # fmt: skip
+                      "swigluoai": True, "swiglustep": True}  # fmt: skip
 
 
 @dataclass(frozen=True)
