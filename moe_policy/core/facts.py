@@ -144,7 +144,7 @@ def _check_against_experts(
             key="model.top_k",
         )
     activation, gated = values.get("model.activation"), values.get("model.gated")
-    for name, needs in (("relu2", False), ("swigluoai", True)):
+    for name, needs in (("relu2", False), ("swigluoai", True), ("swiglustep", True)):
         if activation == name and gated is not None and gated != needs:
             raise PolicyError(
                 f"model.activation {name} is {'gated' if needs else 'non-gated'}; "

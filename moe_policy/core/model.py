@@ -262,7 +262,14 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
     # Activation and gating.
     act_hit = reader.first(ACTIVATION_KEYS)
     limit_hit = reader.first(("swiglu_limit",))
-    if model_type == "gpt_oss" or limit_hit is not None:
+    named = (
+        _ACTIVATION_NAMES.get(act_hit[1].lower())
+        if act_hit is not None and isinstance(act_hit[1], str)
+        else None
+    )
+    # A swiglu_limit means gpt-oss's swigluoai, unless the config names swiglustep (which
+    # clamps with that limit too, on the [gate; up] layout and without biases).
+    if model_type == "gpt_oss" or (limit_hit is not None and named != "swiglustep"):
         origin = (limit_hit or model_type_hit or (None, None, _doc_origin(loaded)))[2]
         facts["model.activation"] = ("swigluoai", origin)
         facts["model.has_bias"] = (True, origin)
@@ -299,9 +306,9 @@ def model_facts_from_loaded(loaded: LoadedYaml) -> ModelFacts:
         raise PolicyError(
             "relu2 experts are non-gated; `gated: true` contradicts it", facts["model.gated"][1]
         )
-    if activation == "swigluoai" and not facts["model.gated"][0]:
+    if activation in ("swigluoai", "swiglustep") and not facts["model.gated"][0]:
         raise PolicyError(
-            "swigluoai is gated; `gated: false` contradicts it", facts["model.gated"][1]
+            f"{activation} is gated; `gated: false` contradicts it", facts["model.gated"][1]
         )
 
     # Shared experts.

@@ -57,6 +57,20 @@ def test_gpt_oss_is_interleaved_swigluoai_with_biases():
     ) == ("swigluoai", True, True)
 
 
+def test_swiglustep_with_a_swiglu_limit_stays_swiglustep():
+    """swiglustep clamps with a limit too: a swiglu_limit beside it is not gpt-oss's
+    swigluoai (interleaved rows, biases), and swiglustep is gated."""
+    config = {**GPT_OSS, "model_type": "step3p5", "hidden_act": "swiglustep"}
+    facts = model_facts_from_mapping(config)
+    assert (
+        facts.value("model.activation"),
+        facts.value("model.gated"),
+        facts.value("model.has_bias"),
+    ) == ("swiglustep", True, False)
+    with pytest.raises(PolicyError, match="swiglustep is gated; `gated: false` contradicts it"):
+        model_facts_from_mapping({**config, "is_gated": False})
+
+
 def test_nested_text_config_and_llama4_routing():
     """Multimodal configs nest the LM under text_config; Llama-4 routes with the weight on the input."""
     config = {

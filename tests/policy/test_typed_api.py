@@ -41,6 +41,10 @@ H200 = {"platform": "cuda", "capability": "9.0", "device_name": "NVIDIA H200"}
             {"overrides": {"model.activation": "swigluoai"}},
             r"^api: model.activation swigluoai is gated; model.gated false contradicts it",
         ),
+        (
+            {"overrides": {"model.activation": "swiglustep"}},
+            r"^api: model.activation swiglustep is gated; model.gated false contradicts it",
+        ),
         ({"audit_log": ""}, r"^api: audit.path: an empty value is not a path"),
     ],
 )
