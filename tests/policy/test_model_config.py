@@ -11,6 +11,7 @@ import pytest
 from moe_policy.core.model import load_model, model_facts_from_mapping
 from moe_policy.errors import PolicyError
 from tests.bundled import DEEPSEEK, GPT_OSS, MIXTRAL, NEMOTRON, QWEN3
+from tests.model_errors import line_col, load_error, value_at
 
 FIELDS = ("num_experts", "top_k", "hidden_size", "intermediate_size", "activation", "gated",
           "shared_experts", "quantization", "routing")  # fmt: skip
@@ -172,24 +173,6 @@ def test_in_memory_configs_have_api_origin():
         model_facts_from_mapping({"hidden_size": 8})
 
 
-def _refused(path: Path) -> tuple[str, str]:
-    """(origin, message) of the one error loading ``path``."""
-    with pytest.raises(PolicyError) as info:
-        load_model(path)
-    origin, _, message = str(info.value).partition(": ")
-    return origin, message
-
-
-def _line_col(text: str, index: int) -> str:
-    return f"{text.count(chr(10), 0, index) + 1}:{index - text.rfind(chr(10), 0, index)}"
-
-
-def _value_at(text: str, needle: str) -> str:
-    """``LINE:COL`` of the value in the one occurrence of ``needle`` (``"key": ``)."""
-    assert text.count(needle) == 1, needle
-    return _line_col(text, text.index(needle) + needle.index(": ") + 2)
-
-
 def _qwen3_with(tmp_path: Path, **changes: object) -> Path:
     config = json.loads(Path(QWEN3).read_text())
     config.update(changes)
@@ -251,9 +234,9 @@ def test_a_wrong_value_is_refused_at_its_key(tmp_path: Path, case: str):
     f = _qwen3_with(tmp_path, **changes)
     text = f.read_text()
     expected = message.format(
-        f=f, torch_dtype=_value_at(text, '"torch_dtype": '), dtype=_value_at(text, '"dtype": ')
+        f=f, torch_dtype=value_at(text, '"torch_dtype": '), dtype=value_at(text, '"dtype": ')
     ) if "{f}" in message else message  # fmt: skip
-    assert _refused(f) == (f"file:{f}:{_value_at(text, key)}", expected)
+    assert load_error(f) == (f"file:{f}:{value_at(text, key)}", expected)
 
 
 @pytest.mark.parametrize(
@@ -285,7 +268,7 @@ def test_the_scoring_functions_and_top_k_methods_of_public_configs_load(
 def test_dtype_keys_that_agree_load(tmp_path: Path, changes: dict, dtype: str, key: str):
     f = _qwen3_with(tmp_path, **changes)
     value, origin = load_model(f).facts["model.dtype"]
-    assert (value, str(origin)) == (dtype, f"file:{f}:{_value_at(f.read_text(), key)}")
+    assert (value, str(origin)) == (dtype, f"file:{f}:{value_at(f.read_text(), key)}")
 
 
 def test_a_null_text_config_is_no_text_config(tmp_path: Path):
@@ -301,8 +284,8 @@ def test_a_json_nan_is_not_a_number_not_a_string(tmp_path: Path, literal: str, s
     """Y2: Python's json writes NaN and Infinity bare (and reads them as floats)."""
     f = _qwen3_with(tmp_path)
     f.write_text(f.read_text().replace('"num_experts": 128', f'"num_experts": {literal}'))
-    position = _value_at(f.read_text(), '"num_experts": ')
-    assert _refused(f) == (
+    position = value_at(f.read_text(), '"num_experts": ')
+    assert load_error(f) == (
         f"file:{f}:{position}",
         f"num_experts: expert count (a positive integer): got {shown}",
     )
@@ -310,7 +293,7 @@ def test_a_json_nan_is_not_a_number_not_a_string(tmp_path: Path, literal: str, s
 
 def test_a_quoted_nan_in_json_is_still_a_string(tmp_path: Path):
     f = _qwen3_with(tmp_path, num_experts="NaN")
-    assert _refused(f)[1] == (
+    assert load_error(f)[1] == (
         "num_experts: expert count (a positive integer): expected an integer, got 'NaN' (a string)"
     )
 
@@ -321,8 +304,8 @@ def test_a_nan_in_a_quantization_list_is_not_a_number(tmp_path: Path):
     )
     f.write_text(f.read_text().replace("128,\n      128", "128,\n      NaN"))
     text = f.read_text()
-    assert _refused(f) == (
-        f"file:{f}:{_line_col(text, text.index('NaN'))}",
+    assert load_error(f) == (
+        f"file:{f}:{line_col(text, text.index('NaN'))}",
         "quantization_config.weight_block_size.1: expected a positive integer, "
         "got NaN (not a number)",
     )
@@ -343,7 +326,7 @@ def test_a_parse_error_names_the_file_format(tmp_path: Path, name: str, text: st
     """Y3: a .json file is malformed JSON, a .yaml file malformed YAML."""
     f = tmp_path / name
     f.write_text(text)
-    assert _refused(f)[1] == message
+    assert load_error(f)[1] == message
 
 
 @pytest.mark.parametrize(
@@ -360,7 +343,7 @@ def test_a_yaml_activation_that_is_not_a_string_is_shown_as_written(
         "num_experts: 8\nnum_experts_per_tok: 2\nhidden_size: 64\nmoe_intermediate_size: 32\n"
         f"hidden_act: {written}\n"
     )
-    assert _refused(f) == (
+    assert load_error(f) == (
         f"file:{f}:5:13",
         f"hidden_act: expected an activation name (a string), got {shown}",
     )

@@ -12,6 +12,7 @@ import pytest
 from moe_policy import PolicyError
 from moe_policy.core.model import load_model, model_facts_from_mapping
 from tests.bundled import DEEPSEEK, MODELS, QWEN3
+from tests.model_errors import load_error, value_at
 
 GPT_OSS_120B = str(MODELS / "gpt-oss-120b.json")
 
@@ -253,23 +254,6 @@ def test_a_nested_quantization_that_is_not_a_mapping_is_an_error(tmp_path):
 # --- a present value of the wrong type or spelling is one error naming its key ------------------
 
 
-def _error_at(path: Path) -> tuple[str, str]:
-    """(``file:PATH:LINE:COL`` origin, message) of the error loading ``path``."""
-    with pytest.raises(PolicyError) as info:
-        load_model(path)
-    origin, _, message = str(info.value).partition(": ")
-    return origin, message
-
-
-def _position(text: str, needle: str) -> str:
-    """``LINE:COL`` of the value in the one occurrence of ``needle`` (``"key": `` or
-    ``"key": value``)."""
-    assert text.count(needle) == 1, needle
-    index = text.index(needle) + needle.index(": ") + 2
-    line = text.count("\n", 0, index) + 1
-    return f"{line}:{index - text.rfind(chr(10), 0, index)}"
-
-
 def _ct(weights: dict[str, Any], acts: Any = None, targets: Any = ("Linear",)) -> dict[str, Any]:
     group = {"targets": list(targets) if isinstance(targets, tuple) else targets,
              "weights": weights, "input_activations": acts}  # fmt: skip
@@ -417,8 +401,8 @@ def test_a_wrong_value_is_one_error_naming_its_key_never_a_default(case, tmp_pat
     quant, key, message = WRONG_VALUES[case]
     path = tmp_path / "config.json"
     path.write_text(json.dumps(_with(quant), indent=2))
-    origin, got = _error_at(path)
-    assert (origin, got) == (f"file:{path}:{_position(path.read_text(), key)}", message)
+    origin, got = load_error(path)
+    assert (origin, got) == (f"file:{path}:{value_at(path.read_text(), key)}", message)
 
 
 @pytest.mark.parametrize(
