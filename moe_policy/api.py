@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +19,13 @@ from moe_policy.core.catalog import Catalog, load_catalog
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Decision
 from moe_policy.core.engines import MOE_POLICY, EngineProfile, resolve_engine
-from moe_policy.core.facts import build_context
+from moe_policy.core.facts import DRY_RUN_KEYS, build_context
 from moe_policy.core.keys import coerce_value
 from moe_policy.core.model import ModelFacts, load_model, model_facts_from_mapping
 from moe_policy.core.origin import Origin
 from moe_policy.core.passes import ExtraCheck, Pass
 from moe_policy.core.pipeline import DEFAULT_PIPELINE
-from moe_policy.core.platform import PlatformFacts
+from moe_policy.core.platform import PlatformFacts, probed_platform
 from moe_policy.core.resolver import Resolver
 from moe_policy.core.state import STATE
 from moe_policy.errors import PolicyError, did_you_mean
@@ -136,6 +137,10 @@ def _engine_profile(
     return MOE_POLICY, "default"
 
 
+#: ``Selector(_pinned=...)`` not given: the platform is whatever ``current_platform()`` says.
+_CURRENT: Any = object()
+
+
 class Selector:
     """Decides backends for the MoE layers of one model in one deployment.
 
@@ -163,6 +168,7 @@ class Selector:
         overrides: Mapping[str, Any] | None = None,
         engine: str | EngineProfile | None = None,
         engine_origin: Origin | None = None,
+        _pinned: Any = _CURRENT,
         **arguments: Any,
     ) -> None:
         if isinstance(platform, str):  # the platform name keyword (a dry run), not pinned facts
@@ -184,6 +190,14 @@ class Selector:
             files_origin=files_origin,
             engine=self.engine,
         )
+        if (
+            platform is None
+            and _pinned is not _CURRENT
+            and not any(key in self.settings.context for key in DRY_RUN_KEYS)
+        ):
+            # ``selector_for``'s snapshot: the platform its cache key names, never one that
+            # ``override_platform`` pinned (or unpinned) in another thread meanwhile.
+            platform = _pinned if _pinned is not None else probed_platform()
         self.context = build_context(
             self.catalog,
             self.model,
@@ -204,6 +218,7 @@ class Selector:
         )
         self._layers: dict[tuple[int | None, str | None], Decision] = {}
         self._lock = threading.RLock()
+        _SELECTORS.add(self)
 
     def _context_for(self, layer_index: int | None, layer_kind: str | None) -> SelectionContext:
         if layer_index is None and layer_kind is None:
@@ -226,6 +241,9 @@ class Selector:
             if layer_index is not None:
                 coerce_value("layer.index", layer_index, "api:layer_index")
             with self._lock:
+                decision = self._layers.get(key)  # another thread may have decided it meanwhile
+                if decision is not None:
+                    return decision
                 if layer_index is not None and "layer.index" in self.resolver.excluded_keys:
                     # The index does not decide: reuse the kind's decision, relabelled.
                     decision = self.decide(None, layer_kind).for_layer(layer_index)
@@ -243,6 +261,21 @@ class Selector:
     def explain(self, layer_index: int | None = None, layer_kind: str | None = None) -> Explanation:
         decision = self.decide(layer_index, layer_kind)
         return Explanation(self.settings, self._context_for(layer_index, layer_kind), decision)
+
+
+#: Every live selector, so a forked child can give each a new lock (see _after_fork_in_child).
+_SELECTORS: weakref.WeakSet[Selector] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A selector's lock held by another thread at the fork would never be released in the
+    child (cached selectors outlive the fork): each gets a new one."""
+    for selector in list(_SELECTORS):
+        selector._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _env_key() -> tuple[tuple[str, str], ...]:
@@ -279,13 +312,14 @@ def selector_for(
         if isinstance(model, (str, os.PathLike))
         else _freeze(model)
     )
+    pinned = STATE.pinned_platform  # read once: the key and the build agree on it
     key = (
         model_key,
         _freeze(policy_files),
         _freeze(overrides),
         _freeze(arguments),
         _env_key(),
-        STATE.pinned_platform,  # a selector built under override_platform stays in its block
+        pinned,  # a selector built under override_platform stays in its block
     )
     selector: Selector | None = STATE.selectors.get(key)
     if selector is None:
@@ -298,6 +332,7 @@ def selector_for(
                     policy_files=policy_files,
                     explicit=explicit_entries(arguments, overrides, Origin.api()),
                     engine=engine,
+                    _pinned=pinned,
                 )
                 STATE.selectors[key] = selector
     return selector

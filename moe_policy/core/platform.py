@@ -108,18 +108,27 @@ def probe() -> PlatformFacts:
     return PlatformFacts("cpu", None, None, packages, "probe", tuple(problems))
 
 
-def current_platform() -> PlatformFacts:
-    """The pinned platform if any, else the probed one (probed once per process)."""
-    if STATE.pinned_platform is not None:
-        return STATE.pinned_platform
+def probed_platform() -> PlatformFacts:
+    """This machine's facts, probed once per process; a pinned platform plays no part."""
     if STATE.probed_platform is None:
         STATE.probed_platform = probe()
     return STATE.probed_platform
 
 
+def current_platform() -> PlatformFacts:
+    """The pinned platform if any, else the probed one (probed once per process)."""
+    if STATE.pinned_platform is not None:
+        return STATE.pinned_platform
+    return probed_platform()
+
+
 @contextlib.contextmanager
 def override_platform(facts: PlatformFacts) -> Iterator[PlatformFacts]:
-    """Pin the platform for the duration of a block (tests, dry runs)."""
+    """Pin the platform for the duration of a block (tests, dry runs).
+
+    The pin is process-wide: selections made by other threads while the block runs see it
+    too. For a platform of one selector's own, pass ``Selector(..., platform=facts)``.
+    """
     previous = STATE.pinned_platform
     STATE.pinned_platform = facts
     try:
