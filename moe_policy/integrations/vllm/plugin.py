@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 #: Marks the functions this plugin installed (idempotent registration).
@@ -192,9 +193,17 @@ def attach_to_vllm_logging() -> None:
     logger = logging.getLogger(LOGGER)
     if any(isinstance(h, _ToVllmHandlers) for h in logger.handlers):
         return
-    vllm_logger = logging.getLogger("vllm")
-    if _handled_elsewhere(logger) or not vllm_logger.handlers:
-        return
-    logger.addHandler(_ToVllmHandlers())
-    if logger.level == logging.NOTSET:
-        logger.setLevel(vllm_logger.getEffectiveLevel())
+    # Layers are built from several threads, each calling this: one of them attaches (two
+    # handlers would show every event twice in vLLM's log). No user code runs under the lock.
+    with _ATTACH_LOCK:
+        if any(isinstance(h, _ToVllmHandlers) for h in logger.handlers):
+            return
+        vllm_logger = logging.getLogger("vllm")
+        if _handled_elsewhere(logger) or not vllm_logger.handlers:
+            return
+        logger.addHandler(_ToVllmHandlers())
+        if logger.level == logging.NOTSET:
+            logger.setLevel(vllm_logger.getEffectiveLevel())
+
+
+_ATTACH_LOCK = threading.Lock()
