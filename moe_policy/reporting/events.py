@@ -133,17 +133,22 @@ class Reporter:
 
     def _log_first(self, decision: Decision) -> None:
         log = self.log()
-        for notice in decision.notices:
-            key = (notice.name, notice.origin)
-            if key not in self.memory.notices_seen:
-                self.memory.notices_seen.add(key)
-                log.warning(
-                    notice.event,
-                    knob=notice.name,
-                    origin=notice.origin,
-                    detail=notice.detail,
-                    replacement=notice.replacement,
-                )
+        # Each notice is claimed under the lock and logged outside it (a handler may re-enter).
+        with self.memory.lock:
+            fresh = {
+                (n.name, n.origin): n
+                for n in decision.notices
+                if (n.name, n.origin) not in self.memory.notices_seen
+            }
+            self.memory.notices_seen.update(fresh)
+        for notice in fresh.values():
+            log.warning(
+                notice.event,
+                knob=notice.name,
+                origin=notice.origin,
+                detail=notice.detail,
+                replacement=notice.replacement,
+            )
         for rule in decision.rules:
             if rule.action == "audit" and rule.matched:
                 log.info(
