@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
         model_arg(args.model),
         policy_files=files,
         explicit=entries,
-        files_origin=Origin.cli("--policy"),
+        files_origin=Origin.cli("--policy" if args.policy else "--profile"),
         engine=args.engine,
         engine_origin=Origin.cli("--engine"),
     )

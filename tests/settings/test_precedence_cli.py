@@ -1,0 +1,91 @@
+"""The documented precedence, end to end: real policy files, the console script, and the
+variables in the subprocess environment (docs/policy.md, Precedence and Environment
+variables)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.cli.runner import H200, explain_record, run_cli
+
+QWEN = "configs/models/qwen3-30b-a3b.json"
+ROCM = ("--platform", "rocm", "--capability", "9.4")
+
+
+def _settings_rows(text: str, key: str) -> list[str]:
+    """The Settings table's row for ``key`` and its indented ``beat`` lines."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{key} "))
+    rows = [lines[start]]
+    for line in lines[start + 1 :]:
+        if line[:1].strip():
+            break
+        rows.append(line)
+    return rows
+
+
+def test_a_key_in_two_files_then_env_then_flag_keeps_every_beaten_origin(tmp_path: Path) -> None:
+    """built-in < file a < file b < environment < --backend, each beaten value shown with its
+    origin; the request's origin in the record is the flag's."""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("backend: flashinfer_cutlass\n")
+    b.write_text("backend: flashinfer_trtllm\n")
+    env = {"MOE_POLICY_FILES": f"{a}{os.pathsep}{b}", "MOE_POLICY_BACKEND": "reference"}
+    run = run_cli("explain", "--model", QWEN, *H200, "--backend", "triton", env=env)
+    assert run.returncode == 0, run.stderr
+    # wrapped cells split paths anywhere: compare with every blank removed
+    text = "".join("".join(_settings_rows(run.stdout, "backend")).split())
+    order = [
+        "triton cli:--backend",
+        "beat reference (env:MOE_POLICY_BACKEND)",
+        f"beat flashinfer_trtllm (file:{b}:1:10)",
+        f"beat flashinfer_cutlass (file:{a}:1:10)",
+        "beat auto (file:configs/default.yaml:",
+    ]
+    positions = [text.find("".join(part.split())) for part in order]
+    assert -1 not in positions and positions == sorted(positions), text
+    _, record = explain_record("--model", QWEN, *H200, "--backend", "triton", env=env)
+    assert record["requested"]["origin"] == "cli:--backend"
+
+
+def test_profile_alone_replaces_moe_policy_files(tmp_path: Path) -> None:
+    """`--profile` files are files given explicitly: MOE_POLICY_FILES is ignored, with a
+    notice, and the mode it set does not apply."""
+    site = tmp_path / "site.yaml"
+    site.write_text("consistency: warn\n")
+    _, record = explain_record(
+        "--model", QWEN, *H200, "--profile", "strict", env={"MOE_POLICY_FILES": str(site)}
+    )
+    assert [f["path"] for f in record["policy"]["files"]] == [
+        "configs/default.yaml",
+        "configs/profiles/strict.yaml",
+    ]
+    assert record["mode"] == "strict"
+    [notice] = record["notices"]
+    assert notice["name"] == "MOE_POLICY_FILES"
+    assert notice["detail"] == "ignored: policy files were given explicitly (cli:--profile)"
+
+
+def test_moe_policy_backend_beats_the_aiter_request() -> None:
+    """Both are the environment layer; MOE_POLICY_BACKEND is read after vLLM's switch, and the
+    AITER request is shown as a value it beat."""
+    env = {"VLLM_ROCM_USE_AITER": "1", "MOE_POLICY_BACKEND": "triton"}
+    args = ("--engine", "vllm", "--model", QWEN, *ROCM)
+    _, record = explain_record(*args, env=env)
+    assert record["requested"]["origin"] == "env:MOE_POLICY_BACKEND"
+    assert record["context"]["rocm.aiter"] == {"value": True, "origin": "env:VLLM_ROCM_USE_AITER"}
+    run = run_cli("explain", *args, env={**env, "COLUMNS": "400"})
+    text = " ".join(" ".join(_settings_rows(run.stdout, "backend")).split())
+    assert "triton env:MOE_POLICY_BACKEND beat aiter (env:VLLM_ROCM_USE_AITER)" in text, text
+
+
+@pytest.mark.parametrize("name", ["VLLM_ROCM_USE_AITER", "VLLM_BATCH_INVARIANT"])
+def test_an_empty_vllm_switch_is_an_error_not_ignored(name: str) -> None:
+    """Only MOE_POLICY_* variables set empty are ignored; a vLLM switch set empty is an error
+    naming it."""
+    run = run_cli("explain", "--model", QWEN, *ROCM, "-q", env={name: ""})
+    assert run.returncode == 2
+    assert f"env:{name}: expected true, false, 1 or 0, got ''" in run.stderr
