@@ -124,16 +124,21 @@ def _engine_profile(
     origin: Origin | None,
     environ: Mapping[str, str] | None,
 ) -> tuple[EngineProfile, Origin | str]:
-    """The engine asked for: explicitly, else by ``MOE_POLICY_ENGINE``, else this package."""
+    """The engine asked for: explicitly, else by ``MOE_POLICY_ENGINE``, else this package.
+
+    A ``MOE_POLICY_ENGINE`` that an explicit engine beats is still checked: a misspelt one
+    is an error, not silently passed over."""
+    env = os.environ if environ is None else environ
+    from_env = None
+    if env.get(ENGINE_VARIABLE, "").strip():
+        from_env = resolve_engine(env[ENGINE_VARIABLE], Origin.env(ENGINE_VARIABLE))
     if isinstance(engine, EngineProfile):
         return engine, origin or Origin.api("engine")
     if engine is not None:
         where = origin or Origin.api("engine")
         return resolve_engine(engine, where), where
-    env = os.environ if environ is None else environ
-    if env.get(ENGINE_VARIABLE, "").strip():
-        where = Origin.env(ENGINE_VARIABLE)
-        return resolve_engine(env[ENGINE_VARIABLE], where), where
+    if from_env is not None:
+        return from_env, Origin.env(ENGINE_VARIABLE)
     return MOE_POLICY, "default"
 
 

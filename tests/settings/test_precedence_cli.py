@@ -89,3 +89,20 @@ def test_an_empty_vllm_switch_is_an_error_not_ignored(name: str) -> None:
     run = run_cli("explain", "--model", QWEN, *ROCM, "-q", env={name: ""})
     assert run.returncode == 2
     assert f"env:{name}: expected true, false, 1 or 0, got ''" in run.stderr
+
+
+def test_a_misspelt_engine_variable_is_an_error_even_when_engine_is_given() -> None:
+    """--engine beats MOE_POLICY_ENGINE, but a misspelt variable is still bad input."""
+    run = run_cli(
+        "explain", "--engine", "vllm", "--model", QWEN, *H200, env={"MOE_POLICY_ENGINE": "vlm"}
+    )
+    assert run.returncode == 2
+    assert run.errors() == [
+        "moe-policy: error: env:MOE_POLICY_ENGINE: unknown engine 'vlm' (did you mean "
+        "'vllm'?); known: moe_policy, vllm"
+    ]
+    ok = run_cli(
+        "explain", "--engine", "moe_policy", "--model", QWEN, *H200, "-q",
+        env={"MOE_POLICY_ENGINE": "vllm"},
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
