@@ -69,11 +69,13 @@ class BackendOverrideError(MoEPolicyError, RuntimeError):
     def __init__(self, decision: Decision, override: Override) -> None:
         self.decision = decision
         self.override = override
+        mode_origin = decision.run_settings.get("mode", (None, None))[1]
+        where = f"set by {mode_origin}; " if mode_origin else ""
         super().__init__(
             f"requested MoE backend {override.requested!r} (from {override.origin}) cannot be "
             f"used: {override.reason_code.value}: {override.detail}; the policy would select "
             f"{override.selected!r} instead, but mode is strict "
-            f"(set mode: warn to accept the fallback)"
+            f"({where}mode: warn in a layer that beats it accepts the fallback)"
         )
 
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from moe_policy.core.catalog import Catalog
 
 #: Settings a Decision carries for what happens after it (agreement check, audit).
-RUN_SETTINGS = ("consistency", "audit.path", "audit.required")
+RUN_SETTINGS = ("consistency", "audit.path", "audit.required", "mode")
 
 #: The precedence, lowest first.
 SOURCES: tuple[type[Source], ...] = (BuiltinSource, PolicyFilesSource, EnvSource, ExplicitSource)

@@ -106,3 +106,17 @@ def test_a_misspelt_engine_variable_is_an_error_even_when_engine_is_given() -> N
         env={"MOE_POLICY_ENGINE": "vllm"},
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
+
+
+def test_a_strict_refusal_names_where_strict_mode_was_set(tmp_path: Path) -> None:
+    """The refusal says which layer set strict, so the user knows where a mode: warn must go
+    to win (a policy file would lose to MOE_POLICY_MODE)."""
+    run = run_cli(
+        "explain", "--model", QWEN, *H200, "--lora", "--backend", "flashinfer_cutlass",
+        env={"MOE_POLICY_MODE": "strict"},
+    )  # fmt: skip
+    assert run.returncode == 3
+    [error] = run.errors()
+    assert (
+        "but mode is strict (set by env:MOE_POLICY_MODE; mode: warn in a layer that beats" in error
+    )
