@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from moe_policy.core.catalog import load_catalog
 from moe_policy.core.rules import Condition
 from moe_policy.core.yamlio import parse_yaml_text
 from moe_policy.lint.checks import Finding, lint_document, lint_file, lint_paths
@@ -168,3 +169,78 @@ rules:
   - {id: c, effect: require, backends: [tritn], reason: r}
 """
     assert {f.code for f in _lint(text)} == {"unknown-context-key", "unknown-backend"}
+
+
+def _lint_file(tmp_path: Path, text: str, engine: str | None = None) -> list[Finding]:
+    from moe_policy.core.engines import resolve_engine
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    profile = resolve_engine(engine)
+    return lint_file(str(path), load_catalog(profile), profile)
+
+
+def test_a_required_backend_outside_the_priority_list_is_rankable(tmp_path):
+    """require makes the backends it names rankable, so one outside priority.cuda that can
+    run is selected: not require-no-backend (selection picks torch_grouped_mm there)."""
+    text = """
+version: 1
+rules:
+  - id: sm120-requires-grouped-mm
+    when: {platform: cuda, device.capability: "12.0"}
+    effect: require
+    backends: [torch_grouped_mm]
+    reason: r
+  - id: xpu-requires-triton
+    when: {platform: xpu}
+    effect: require
+    backends: [triton]
+    reason: r
+"""
+    assert _lint_file(tmp_path, text) == []
+
+
+def test_a_capability_condition_confines_a_rule_to_cuda_and_rocm(tmp_path):
+    """device.capability is unknown off CUDA and ROCm, so a require on a capability range
+    is not checked against cpu, xpu, tpu or oot, nor does it overlap a cpu-only rule."""
+    text = """
+version: 1
+rules:
+  - id: hopper-triton-only
+    when: {device.capability: {ge: "9.0", lt: "10.0"}}
+    effect: require
+    backends: [triton, batched_triton]
+    reason: r
+  - id: cpu-forbids-reference
+    when: {platform: cpu}
+    effect: forbid
+    backends: [reference]
+    reason: r
+  - id: hopper-prefers-reference
+    when: {device.capability: "9.0"}
+    effect: prefer
+    backends: [reference]
+    reason: r
+"""
+    assert _lint_file(tmp_path, text) == []
+
+
+def test_vllm_rules_for_another_oracle_are_checked_by_that_oracle(tmp_path):
+    """With --engine vllm, a require pinned to nvfp4 layers names the nvfp4 oracle's
+    backends: the unquantized catalog does not check it, the nvfp4 one does."""
+    text = """
+version: 1
+rules:
+  - id: nvfp4-on-hopper-uses-marlin
+    when: {platform: cuda, device.capability: "9.0", model.quantization: nvfp4}
+    effect: require
+    backends: [marlin]
+    reason: r
+  - id: unquantized-requires-marlin
+    when: {platform: cuda, model.quantization: none}
+    effect: require
+    backends: [marlin]
+    reason: r
+"""
+    assert [f.code for f in _lint_file(tmp_path, text, "vllm")] == ["require-no-backend"]
+    assert _lint_file(tmp_path, text, "vllm/nvfp4") == []

@@ -16,11 +16,20 @@ Semantic checks, per file, in rule order:
   (``moe_policy.lint.overlap``) and contradict each other: prefer A vs forbid A, require
   only forbidden backends, disjoint requires (errors); prefer vs demote of the same
   backend (warning: the later rule wins).
+* ``rule-never-matches``: a rule whose conditions contradict each other
+  (``parallel.tp: {gt: 4, lt: 5}``, a compute capability on a platform without one).
 * ``require-no-backend``: a require rule that, on some platform it can match,
-  leaves no backend the catalog can run there (platform, compute capability, LoRA),
-  or none in that platform's priority list (auto selection then finds nothing).
+  leaves no backend the catalog can run there (platform, compute capability, LoRA).
+  A required backend is rankable even when the priority list leaves it out.
+* ``forbid-no-backend``: a forbid rule that, with the forbids that always hold when it
+  does, leaves no backend the catalog can run on some platform it can match, or none
+  that auto selection ranks (the priority list, or named by a prefer or require rule).
 * ``priority-unreachable`` (warning): a priority list naming a backend that never
   runs on that platform.
+
+For an engine with one oracle per quantization (vLLM), the catalog checks skip a rule
+that cannot match a layer of the oracle linted (``model.quantization``): its backends
+are another oracle's.
 
 Version-added: 0.1.0.
 """
@@ -32,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_policy.core.catalog import BackendSpec, Catalog, load_catalog
-from moe_policy.core.engines import MOE_POLICY, EngineProfile
-from moe_policy.core.keys import PLATFORMS, parse_capability
+from moe_policy.core.engines import MOE_POLICY, EngineProfile, oracle_for
+from moe_policy.core.keys import PLATFORMS, QUANT_ACTIVATIONS, QUANTIZATIONS, parse_capability
 from moe_policy.core.origin import Origin
 from moe_policy.core.problems import ProblemSink
 from moe_policy.core.rules import Condition, Rule
@@ -265,9 +274,35 @@ def _why_not(rule: Rule, spec: BackendSpec, platform: str) -> str | None:
     return None
 
 
-def _require_findings(
-    rules: Sequence[Rule], catalog: Catalog, priority: dict[str, tuple[str, ...]]
-) -> list[Finding]:
+def _oracle_rules(rules: Sequence[Rule], engine: EngineProfile) -> list[Rule]:
+    """The rules that can match a layer decided by ``engine``'s catalog: for an engine with
+    an oracle per quantization, those whose ``model.quantization`` can be routed to it."""
+    if not engine.oracles:
+        return list(rules)
+    routed = tuple(
+        scheme
+        for scheme in QUANTIZATIONS
+        if any(oracle_for(scheme, act) == engine.quantization for act in (None, *QUANT_ACTIVATIONS))
+    )
+    here = Condition("model.quantization", "in", routed)
+    return [rule for rule in rules if satisfiable((*rule.conditions, here))]
+
+
+def _never_matches(rules: Sequence[Rule]) -> list[Finding]:
+    return [
+        Finding(
+            "error",
+            "rule-never-matches",
+            f"rule {rule.id!r} can never match: its conditions cannot all hold "
+            f"({', '.join(sorted(rule.keys))})",
+            rule.origin,
+        )
+        for rule in rules
+        if rule.conditions and not satisfiable(rule.conditions)
+    ]
+
+
+def _require_findings(rules: Sequence[Rule], catalog: Catalog) -> list[Finding]:
     findings = []
     for rule in rules:
         if rule.effect != "require" or rule.action != "enforce" or not rule.backends:
@@ -280,17 +315,12 @@ def _require_findings(
                 else "a backend of another of the engine's oracles"
                 for name in rule.backends
             }
-            alive = [name for name, why in reasons.items() if why is None]
-            if not alive:
+            # a required backend that can run is selected: require makes it rankable
+            if all(why is not None for why in reasons.values()):
                 problems.append(
                     f"on {platform} none can run ("
                     + "; ".join(f"{name}: {why}" for name, why in reasons.items())
                     + ")"
-                )
-            elif not set(alive) & set(priority.get(platform, ())):
-                problems.append(
-                    f"on {platform} only {', '.join(alive)} can run and none is in "
-                    f"priority.{platform}, so auto selection finds nothing"
                 )
         if problems:
             findings.append(
@@ -299,6 +329,63 @@ def _require_findings(
                     "require-no-backend",
                     f"rule {rule.id!r} requires {', '.join(rule.backends)}, leaving no backend: "
                     + "; ".join(problems),
+                    rule.origin,
+                )
+            )
+    return findings
+
+
+def _forbid_findings(
+    rules: Sequence[Rule],
+    catalog: Catalog,
+    priority: dict[str, tuple[str, ...]],
+    requested: str | None,
+) -> list[Finding]:
+    """Forbids that, with the forbids always holding alongside, leave a platform nothing."""
+    forbids = [r for r in rules if r.effect == "forbid" and r.action == "enforce" and r.backends]
+    named = {
+        name
+        for r in rules
+        if r.effect in ("prefer", "require") and r.action == "enforce"
+        for name in r.backends
+    }
+    if requested:
+        named.add(requested)
+    findings = []
+    for j, rule in enumerate(forbids):
+        group = [other for other in forbids if _implies(other, rule)]
+        # one finding per set of conditions: at the last forbid written with them
+        if any(set(other.conditions) == set(rule.conditions) for other in forbids[j + 1 :]):
+            continue
+        forbidden = {name for other in group for name in other.backends}
+        # the forbids it implies without it: when they already leave nothing, they report
+        before = {name for other in group if other is not rule for name in other.backends}
+        problems = []
+        for platform in values_allowed("platform", rule.conditions, PLATFORMS):
+            runs = [spec.name for spec in catalog if _why_not(rule, spec, platform) is None]
+            left = [name for name in runs if name not in forbidden]
+            rankable = set(priority.get(platform, ())) | named
+            if not set(runs) & rankable:  # nothing there to begin with: not these rules' doing
+                continue
+            if not {name for name in runs if name not in before} & rankable:
+                continue
+            if not left:
+                problems.append(f"on {platform} none can run")
+            elif not set(left) & rankable:
+                problems.append(
+                    f"on {platform} only {', '.join(left)} can run and none is in "
+                    f"priority.{platform} or named by a prefer or require rule, so auto "
+                    "selection finds nothing"
+                )
+        if problems:
+            others = [other.id for other in group if other is not rule]
+            also = f" (with {', '.join(repr(o) for o in others)})" if others else ""
+            findings.append(
+                Finding(
+                    "error",
+                    "forbid-no-backend",
+                    f"rule {rule.id!r}{also} forbids {', '.join(sorted(forbidden))}, leaving no "
+                    "backend: " + "; ".join(problems),
                     rule.origin,
                 )
             )
@@ -402,11 +489,15 @@ def lint_document(
     shadowed, covered = _shadowed(rules)
     findings.extend(shadowed)
     findings.extend(_conflicts(rules, covered))
+    findings.extend(_never_matches(rules))
     priority = builtin_priority(catalog, engine)
     priority.update(
         {e.key.split(".", 1)[1]: tuple(e.value) for e in entries if e.key.startswith("priority.")}
     )
-    findings.extend(_require_findings(rules, catalog, priority))
+    requested = next((e.value for e in entries if e.key == "backend" and e.value != "auto"), None)
+    here = _oracle_rules(rules, engine)
+    findings.extend(_require_findings(here, catalog))
+    findings.extend(_forbid_findings(here, catalog, priority, requested))
     findings.extend(_priority_findings(loaded, entries, catalog))
     return sorted(findings, key=Finding.sort_key)
 

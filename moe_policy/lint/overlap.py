@@ -106,12 +106,26 @@ def key_satisfiable(key: str, conds: Sequence[Condition]) -> bool:
     return not all(c.op in _EXACT_OPS for c in rest)
 
 
+#: The platforms whose devices have a compute capability (``device.capability`` is unknown
+#: elsewhere: the probe sets it only there, and ``explain`` refuses one given for another).
+CAPABILITY_PLATFORMS = ("cuda", "rocm")
+
+
 def satisfiable(conditions: Iterable[Condition]) -> bool:
-    """Whether a context can satisfy every condition (keys checked independently)."""
+    """Whether a context can satisfy every condition (keys checked independently, except
+    that a known ``device.capability`` means a platform of ``CAPABILITY_PLATFORMS``)."""
     by_key: dict[str, list[Condition]] = defaultdict(list)
     for cond in conditions:
         by_key[cond.key].append(cond)
-    return all(key_satisfiable(key, conds) for key, conds in by_key.items())
+    if not all(key_satisfiable(key, conds) for key, conds in by_key.items()):
+        return False
+    capability = by_key.get("device.capability")
+    if capability and not key_satisfiable(
+        "device.capability", [*capability, Condition("device.capability", "exists", False)]
+    ):  # the capability must be known: a CUDA or ROCm device
+        on_gpu = Condition("platform", "in", CAPABILITY_PLATFORMS)
+        return key_satisfiable("platform", [*by_key.get("platform", ()), on_gpu])
+    return True
 
 
 def values_allowed(key: str, conditions: Iterable[Condition], values: Iterable[Any]) -> list[Any]:

@@ -25,7 +25,14 @@ from moe_policy.settings import resolve_settings
 
 CATALOG = load_catalog()
 #: Findings about what rules do together, not about whether a file loads.
-SEMANTIC = {"shadowed-rule", "conflicting-rules", "require-no-backend", "priority-unreachable"}
+SEMANTIC = {
+    "shadowed-rule",
+    "conflicting-rules",
+    "rule-never-matches",
+    "require-no-backend",
+    "forbid-no-backend",
+    "priority-unreachable",
+}
 
 #: Hostile operands: every YAML type, the strings truthiness and int() misread.
 HOSTILE = [None, True, False, 0, 1, 2, -1, 10**30, 2.5, 9.0, "9.0", "90", "cuda", "false", "2", ""]
