@@ -244,3 +244,114 @@ rules:
 """
     assert [f.code for f in _lint_file(tmp_path, text, "vllm")] == ["require-no-backend"]
     assert _lint_file(tmp_path, text, "vllm/nvfp4") == []
+
+
+def test_a_bad_list_item_is_found_at_the_item():
+    """An unknown, misspelt or repeated name inside a list (a priority list, a rule's
+    backends, a condition's list operand) is reported at that item's line:col."""
+    path = FIXTURES / "list-items.yaml"
+    findings = [(f.location, f.code, f.message) for f in lint_file(str(path))]
+    at = f"{path}:"
+    assert findings == [
+        (
+            at + "4:10",
+            "unknown-backend",
+            "priority.cuda: unknown backend 'tritn' (did you mean 'triton'?)",
+        ),
+        (at + "5:25", "duplicate-backend", "priority.rocm lists aiter twice; first at 5:10"),
+        (at + "9:7", "duplicate-backend", "priority.cpu lists cpu twice; first at 7:7"),
+        (
+            at + "12:34",
+            "invalid-value",
+            "platform: 'rcom' is not one of cuda, rocm, cpu, xpu, tpu, oot (did you mean 'rocm'?)",
+        ),
+        (
+            at + "17:37",
+            "invalid-value",
+            "model.activation: 'swiglu' is not one of silu, gelu, gelu_tanh, swigluoai, "
+            "swigluoai_uninterleave, swiglustep, situ, relu2 (did you mean 'swigluoai'?)",
+        ),
+        (
+            at + "24:40",
+            "duplicate-backend",
+            "rule backend-named-twice: backends lists triton twice; first at 24:16",
+        ),
+    ]
+
+
+#: One defect per file: (text, the finding's line:col, code, message).
+LIST_ITEM_DEFECTS = [
+    (
+        "priority: {cuda: [tritn, flashinfer_cutlass]}\n",
+        "1:19",
+        "unknown-backend",
+        "priority.cuda: unknown backend 'tritn' (did you mean 'triton'?)",
+    ),
+    (
+        "priority:\n  cuda: [triton, flashinfer_cutlass, triton]\n",
+        "2:38",
+        "duplicate-backend",
+        "priority.cuda lists triton twice; first at 2:10",
+    ),
+    (
+        "priority:\n  cuda:\n    - triton\n    - 7\n",
+        "4:7",
+        "invalid-value",
+        "priority.cuda: expected a list of backend names, got ['triton', 7]",
+    ),
+    (
+        "rules:\n  - id: r\n    when: {platform: {in: [cuda, rcom]}}\n"
+        "    effect: demote\n    backends: [triton]\n    reason: x\n",
+        "3:34",
+        "invalid-value",
+        "platform: 'rcom' is not one of cuda, rocm, cpu, xpu, tpu, oot (did you mean 'rocm'?)",
+    ),
+    (
+        "rules:\n  - id: r\n    when: {packages: {not_in: [flashinfer, 3]}}\n"
+        "    effect: demote\n    backends: [triton]\n    reason: x\n",
+        "3:44",
+        "invalid-value",
+        "packages: expected a package name, got 3",
+    ),
+    (
+        "rules:\n  - id: r\n    when:\n      model.activation:\n        - silu\n        - swiglu\n"
+        "    effect: demote\n    backends: [triton]\n    reason: x\n",
+        "6:11",
+        "invalid-value",
+        "model.activation: 'swiglu' is not one of silu, gelu, gelu_tanh, swigluoai, "
+        "swigluoai_uninterleave, swiglustep, situ, relu2 (did you mean 'swigluoai'?)",
+    ),
+    (
+        "rules:\n  - id: r\n    effect: forbid\n    backends: [triton, tritn]\n    reason: x\n",
+        "4:24",
+        "unknown-backend",
+        "rule r: unknown backend 'tritn' (did you mean 'triton'?)",
+    ),
+    (
+        "rules:\n  - id: r\n    effect: demote\n    backends:\n      - triton\n"
+        "      - flashinfer_cutlass\n      - triton\n    reason: x\n",
+        "7:9",
+        "duplicate-backend",
+        "rule r: backends lists triton twice; first at 5:9",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "where", "code", "message"), LIST_ITEM_DEFECTS)
+def test_lint_and_load_name_the_same_list_item(tmp_path, text, where, code, message):
+    """Lint's one finding and the loader's PolicyError are the same, at the item."""
+    from moe_policy.errors import PolicyError
+    from moe_policy.settings import resolve_settings
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    [finding] = lint_file(str(path))
+    assert (finding.severity, finding.location, finding.code, finding.message) == (
+        "error",
+        f"{path}:{where}",
+        code,
+        message,
+    )
+    with pytest.raises(PolicyError) as caught:
+        resolve_settings(load_catalog(), policy_files=[str(path)], environ={})
+    assert str(caught.value) == f"file:{path}:{where}: {message}"

@@ -130,6 +130,8 @@ class Rule:
 
 #: ``origin_at(keypath, at_key=False)``: file:line:col of a value (or of its key).
 OriginAt = Callable[..., Origin]
+#: ``item_origin(index)``: file:line:col of one item of a list operand.
+ItemOrigin = Callable[[int], Origin | str]
 
 
 def parse_conditions(
@@ -176,11 +178,18 @@ def parse_conditions(
                         origin_at((*path, key, op), at_key=True),
                     )
                     continue
-                cond = _make_condition(key, op, operand, origin_at((*path, key, op)), sink)
+                cond = _make_condition(
+                    key,
+                    op,
+                    operand,
+                    origin_at((*path, key, op)),
+                    sink,
+                    _items_at(origin_at, (*path, key, op)),
+                )
                 if cond is not None:
                     conditions.append(cond)
         elif isinstance(spec, list):
-            cond = _make_condition(key, "in", spec, where, sink)
+            cond = _make_condition(key, "in", spec, where, sink, _items_at(origin_at, (*path, key)))
             if cond is not None:
                 conditions.append(cond)
         else:
@@ -190,29 +199,56 @@ def parse_conditions(
     return tuple(conditions)
 
 
+def line_col(origin: Origin | str) -> str:
+    """``LINE:COL`` of a file origin (what a message names for a place in the same file);
+    the whole origin for any other."""
+    if isinstance(origin, Origin) and origin.kind == "file" and origin.line is not None:
+        return f"{origin.line}:{origin.col}" if origin.col is not None else str(origin.line)
+    return str(origin)
+
+
+def _items_at(origin_at: OriginAt, path: tuple[Any, ...]) -> ItemOrigin:
+    """Where each item of the list at ``path`` is written."""
+    return lambda index: origin_at((*path, index))
+
+
 #: Operators that order values: only integer and compute-capability keys have an order.
 ORDERING = ("gt", "ge", "lt", "le")
 ORDERED_TYPES = ("int", "capability")
 
 
 def _make_condition(
-    key: str, op: str, operand: Any, origin: Origin, sink: ProblemSink
+    key: str,
+    op: str,
+    operand: Any,
+    origin: Origin,
+    sink: ProblemSink,
+    item_origin: ItemOrigin | None = None,
 ) -> Condition | None:
-    """One condition, or None after an error to ``sink``.
+    """One condition, or None after an error to ``sink`` (at the bad list item, if one is).
 
     This is the only validator of rule operands: loading and ``moe-policy lint`` both
     come here, so a condition that exists can be evaluated on any valid value of its key.
     """
     try:
-        return Condition(key, op, condition_operand(key, op, operand, origin))
+        return Condition(key, op, condition_operand(key, op, operand, origin, item_origin))
     except PolicyError as exc:
-        sink.add("error", exc.code, exc.message, origin)
+        sink.add("error", exc.code, exc.message, exc.origin or origin)
         return None
 
 
-def condition_operand(key: str, op: str, operand: Any, origin: Origin | str) -> Any:
+def condition_operand(
+    key: str,
+    op: str,
+    operand: Any,
+    origin: Origin | str,
+    item_origin: ItemOrigin | None = None,
+) -> Any:
     """The normalised operand of ``key: {op: operand}``; PolicyError when it cannot be
-    evaluated on the key's values (wrong type, an operator the key's type has not, null)."""
+    evaluated on the key's values (wrong type, an operator the key's type has not, null).
+
+    ``item_origin(index)`` locates one item of a list operand (``in``/``not_in``), so an
+    error about an item names the item's file:line:col, not the list's."""
     key_type = CONTEXT_KEYS[key].type
     if op == "exists":
         try:
@@ -239,7 +275,12 @@ def condition_operand(key: str, op: str, operand: Any, origin: Origin | str) -> 
     if op in ("in", "not_in"):
         if not isinstance(operand, (list, tuple)) or not operand:
             raise PolicyError(f"{key}: {op} needs a non-empty list, got {operand!r}", origin)
-        return tuple(_scalar_operand(key, key_type, op, item, origin) for item in operand)
+        return tuple(
+            _scalar_operand(
+                key, key_type, op, item, origin if item_origin is None else item_origin(index)
+            )
+            for index, item in enumerate(operand)
+        )
     return _scalar_operand(key, key_type, op, operand, origin)
 
 
@@ -307,15 +348,27 @@ def parse_rule(
             origin_at((*path, "backends")),
         )
     else:
+        first: dict[str, int] = {}
         for index, name in enumerate(backends_raw):
+            where = origin_at((*path, "backends", index))
             if name not in names:
                 sink.add(
                     "error",
                     "unknown-backend",
                     f"rule {rule_id}: unknown backend {name!r}{did_you_mean(str(name), names)}",
-                    origin_at((*path, "backends", index)),
+                    where,
+                )
+            elif name in first:
+                # prefer/demote would move it twice: one backend, two candidates
+                sink.add(
+                    "error",
+                    "duplicate-backend",
+                    f"rule {rule_id}: backends lists {name} twice; first at "
+                    f"{line_col(origin_at((*path, 'backends', first[name])))}",
+                    where,
                 )
             else:
+                first[name] = index
                 backends.append(name)
     reason = raw.get("reason")
     if not isinstance(reason, str) or not reason.strip():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from moe_policy.core.keys import PLATFORMS
 from moe_policy.core.origin import Origin
 from moe_policy.core.problems import ProblemSink
-from moe_policy.core.rules import Rule, parse_rule
+from moe_policy.core.rules import ItemOrigin, Rule, line_col, parse_rule
 from moe_policy.core.values import bool_from_text, parse_bool
 from moe_policy.core.yamlio import LoadedYaml
 from moe_policy.errors import PolicyError, did_you_mean
@@ -52,12 +52,20 @@ SETTINGS_KEYS: Mapping[str, SettingSpec] = {
 
 
 def validate_setting(
-    key: str, value: Any, origin: Origin | str, catalog: Catalog, *, as_text: bool = False
+    key: str,
+    value: Any,
+    origin: Origin | str,
+    catalog: Catalog,
+    *,
+    as_text: bool = False,
+    item_origin: ItemOrigin | None = None,
 ) -> Any:
     """Normalise a settings value; PolicyError names the key, the value and the origin.
 
     ``as_text``: the value is written as text (an environment variable), so a boolean is
-    ``true``/``false``/``1``/``0``; otherwise (files, API, ``--set``) it must be typed."""
+    ``true``/``false``/``1``/``0``; otherwise (files, API, ``--set``) it must be typed.
+    ``item_origin(index)``: where each item of a list value is written (a policy file), so
+    an error about one backend of a priority list names that item's file:line:col."""
     spec = SETTINGS_KEYS.get(key)
     if spec is None:
         raise PolicyError(
@@ -112,18 +120,40 @@ def validate_setting(
             )
         return value
     if spec.type == "backend_list":
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        if not isinstance(value, (list, tuple)):
             raise PolicyError(
                 f"{key}: expected a list of backend names, got {value!r}", origin, key=key
             )
-        for name in value:
+        for index, name in enumerate(value):
+            if not isinstance(name, str):
+                raise PolicyError(
+                    f"{key}: expected a list of backend names, got {value!r}",
+                    origin if item_origin is None else item_origin(index),
+                    key=key,
+                )
+        first: dict[str, int] = {}
+        for index, name in enumerate(value):
+            where = origin if item_origin is None else item_origin(index)
             if name not in catalog.policy_names:
                 raise PolicyError(
                     f"{key}: unknown backend {name!r}{did_you_mean(name, catalog.policy_names)}",
-                    origin,
+                    where,
                     key=key,
                     code="unknown-backend",
                 )
+            if name in first:
+                earlier = (
+                    f"; first at {line_col(item_origin(first[name]))}"
+                    if item_origin is not None
+                    else f" (items {first[name] + 1} and {index + 1})"
+                )
+                raise PolicyError(
+                    f"{key} lists {name} twice{earlier}",
+                    where,
+                    key=key,
+                    code="duplicate-backend",
+                )
+            first[name] = index
         return tuple(value)
     raise AssertionError(spec.type)
 
@@ -165,9 +195,13 @@ def parse_policy_document(
                 return
         origin = at(path)
         try:
-            entries.append(Entry(key, validate_setting(key, value, origin, catalog), origin))
+            value = validate_setting(
+                key, value, origin, catalog, item_origin=lambda index: at((*path, index))
+            )
         except PolicyError as exc:
-            sink.add("error", exc.code, exc.message, origin)
+            sink.add("error", exc.code, exc.message, exc.origin or origin)
+            return
+        entries.append(Entry(key, value, origin))
 
     def known_items(
         key: str, value: Any, allowed: tuple[str, ...], expected: str, unknown: Callable[[str], str]

@@ -148,7 +148,11 @@ def test_every_operand_the_validator_accepts_evaluates_on_every_value_of_its_key
 
 #: Values for the top-level settings: the hostile pool, each setting's good values, near misses.
 SETTING = st.sampled_from(
-    [*HOSTILE, "warn", "strict", "error", "auto", "triton", "a.jsonl", " ", ["triton"], ["tritn"]]
+    [
+        *HOSTILE,
+        *("warn", "strict", "error", "auto", "triton", "a.jsonl", " "),
+        *(["triton"], ["tritn"], ["triton", "triton"], ["triton", 7], ["triton", "tritn"]),
+    ]
 )
 DOCUMENTS = st.fixed_dictionaries(
     {},
@@ -172,6 +176,7 @@ DOCUMENTS = st.fixed_dictionaries(
 # Two errors at one place (safe_dump writes the shared list once, as an alias): lint
 # reports both, the loader stops at the first it meets.
 @example(document={"version": ["tritn"], "priority": {"cuda": ["tritn"]}})
+@example(document={"priority": {"cuda": ["triton", "triton"], "rocm": ["triton", "tritn"]}})
 def test_settings_lint_clean_exactly_when_the_file_loads(document):
     """The same for the top-level settings (version, mode, audit, priority lists...)."""
     errors, loaded = _lint_and_load(document)
@@ -180,3 +185,17 @@ def test_settings_lint_clean_exactly_when_the_file_loads(document):
         assert str(loaded) in errors, f"lint did not report the loader's error: {loaded}"
     else:
         assert errors == [], f"lint refused a file that loads: {errors}"
+
+
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(backends=st.lists(st.sampled_from(["triton", "flashinfer_cutlass", "tritn", 7]), max_size=4))
+def test_rule_backends_lint_clean_exactly_when_the_file_loads(backends):
+    """The same for a rule's backends: unknown names and repeats (``duplicate-backend``)."""
+    rule = {"id": "r", "effect": "demote", "backends": backends, "reason": "x"}
+    errors, loaded = _lint_and_load({"version": 1, "rules": [rule]})
+    if isinstance(loaded, PolicyError):
+        assert str(loaded) in errors, f"lint did not report the loader's error: {loaded}"
+    else:
+        assert errors == [], f"lint refused a file that loads: {errors}"
+        [rule_loaded] = [r for r in loaded.rules if r.id == "r"]
+        assert len(set(rule_loaded.backends)) == len(rule_loaded.backends)

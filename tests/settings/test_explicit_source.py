@@ -106,6 +106,12 @@ def _explicit(key, value):
         ("lora.max_rank", 0, "lora.max_rank must be at least 1"),
         # no value is not a value
         ("parallel.tp", None, "parallel.tp: no value given"),
+        # a priority list given in code names each backend once, as a policy file must
+        (
+            "priority.cuda",
+            ["triton", "flashinfer_cutlass", "triton"],
+            r"priority.cuda lists triton twice \(items 1 and 3\)$",
+        ),
     ],
 )
 def test_explicit_values_are_typed_and_in_range(key, value, message):

@@ -118,6 +118,8 @@ RULE = {"id": "r", "effect": "forbid", "backends": ["triton"], "reason": "why"}
         ({"audit": {"required": "sometimes"}}, "invalid-value"),
         ({"priority": {"gpu": ["triton"]}}, "unknown-key"),
         ({"priority": {"cuda": ["tritn"]}}, "unknown-backend"),
+        ({"priority": {"cuda": ["triton", "triton"]}}, "duplicate-backend"),
+        ({"rules": [{**RULE, "backends": ["triton", "triton"]}]}, "duplicate-backend"),
         ({"rules": [{**RULE, "efect": "forbid"}]}, "unknown-key"),
         ({"rules": [{**RULE, "effect": "ban"}]}, "invalid-value"),
         ({"rules": [{**RULE, "backends": []}]}, "missing-field"),

@@ -175,8 +175,13 @@ class FeasibilityPass:
 def seed_candidates(
     catalog: Catalog, ctx: SelectionContext, priority: tuple[str, ...]
 ) -> Candidates:
-    """Every catalog backend: the platform's priority list first, the rest unlisted."""
-    listed = [Candidate(name, Status.FEASIBLE) for name in priority if name in catalog]
+    """Every catalog backend once: the platform's priority list first, the rest unlisted.
+
+    A backend listed twice keeps its first place: loading refuses such a list, but a
+    ``Policy`` built in code is not loaded, and a decision record names each backend once."""
+    listed = [
+        Candidate(name, Status.FEASIBLE) for name in dict.fromkeys(priority) if name in catalog
+    ]
     rest = [
         Candidate(name, Status.FEASIBLE, listed=False)
         for name in catalog.names

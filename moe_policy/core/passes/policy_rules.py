@@ -21,9 +21,10 @@ NAME = "policy_rules"
 def _reorder(
     candidates: list[Candidate], backends: Sequence[str], to_front: bool
 ) -> list[Candidate]:
+    # each named backend once (a Rule built in code may repeat one): one candidate each
     moved = [
         replace(c, listed=True) if to_front else c
-        for name in backends
+        for name in dict.fromkeys(backends)
         for c in candidates
         if c.backend == name
     ]
