@@ -212,6 +212,7 @@ class Selector:
             platform=platform,
             engine=self.engine,
             engine_origin=chosen_by,
+            switched_off=self.settings.switched_off,
         )
         self.resolver = Resolver(self.catalog, self.settings.policy(), extra_checks, pipeline)
         self.reporter = reporter or REPORTER

@@ -8,7 +8,7 @@ packages, unless ``packages`` is given too.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moe_policy.core.catalog import Catalog
@@ -56,8 +56,11 @@ def build_context(
     platform: PlatformFacts | None = None,
     engine: EngineProfile = MOE_POLICY,
     engine_origin: Origin | str = "default",
+    switched_off: Sequence[tuple[str, str]] = (),
 ) -> SelectionContext:
-    """Every fact with its origin; ``settings_context`` maps key -> Resolved (env, API, CLI)."""
+    """Every fact with its origin; ``settings_context`` maps key -> Resolved (env, API, CLI).
+    ``switched_off`` names packages an engine switch takes out of ``packages`` (package,
+    origin of the switch), whoever said the target has them."""
     values: dict[str, Any] = dict(DEFAULTS)
     origins: dict[str, str] = {key: "default" for key in DEFAULTS}
 
@@ -81,9 +84,32 @@ def build_context(
         put(key, coerce_value(key, value, origin), origin)
     for key, resolved in settings_context.items():
         put(key, resolved.value, resolved.origin)
+    _switch_off(catalog, values, origins, switched_off)
     _derive(values, origins, engine, request)
     _check_deployment(catalog, engine, values, origins)
     return SelectionContext(values, origins, request, mode)
+
+
+def _switch_off(
+    catalog: Catalog,
+    values: dict[str, Any],
+    origins: dict[str, str],
+    switched_off: Sequence[tuple[str, str]],
+) -> None:
+    """``packages`` less those an engine switch takes out, the switch named in its origin
+    (unknown packages mean every backend's, as in a dry run)."""
+    if not switched_off:
+        return
+    packages = values.get("packages")
+    if packages is None:
+        packages = tuple(sorted({pkg for spec in catalog for pkg in spec.packages}))
+    off = [(name, origin) for name, origin in switched_off if name in packages]
+    if not off:
+        return
+    names = {name for name, _ in off}
+    values["packages"] = tuple(p for p in packages if p not in names)
+    why = ", ".join(f"{name} switched off by {origin}" for name, origin in off)
+    origins["packages"] = f"{origins.get('packages', 'default')}; {why}"
 
 
 def _check_deployment(

@@ -71,6 +71,8 @@ class Settings:
     notices: tuple[Notice, ...]
     files: tuple[FileInfo, ...]
     layers: tuple[str, ...]
+    #: Packages an engine switch takes out (``VLLM_USE_DEEP_GEMM=0``): (package, origin).
+    switched_off: tuple[tuple[str, str], ...] = ()
 
     def value(self, key: str, default: Any = None) -> Any:
         resolved = self.values.get(key)
@@ -172,7 +174,7 @@ def resolve_settings(
     ``policy_files`` given explicitly replace ``MOE_POLICY_FILES`` (which is then
     reported as ignored); ``environ`` replaces ``os.environ`` (tests, other hosts).
     """
-    env = EnvSource(environ)
+    env = EnvSource(environ, engine=engine)
     notices: list[Notice] = []
     if isinstance(policy_files, (str, os.PathLike)):  # one file, not its characters
         policy_files = [os.fspath(policy_files)]
@@ -201,6 +203,7 @@ def resolve_settings(
     replaced: list[tuple[Rule, Rule]] = []
     infos: list[FileInfo] = []
     layers: list[str] = []
+    switched_off: list[tuple[str, str]] = []
     for source_type in SOURCES:
         out: SourceOutput = sources[source_type].load(catalog)
         layers.append(out.layer)
@@ -212,6 +215,7 @@ def resolve_settings(
             rules[rule.id] = rule
         notices.extend(out.notices)
         infos.extend(out.files)
+        switched_off.extend((str(e.value), str(e.origin)) for e in out.switched_off)
     return Settings(
         values=values,
         context=context,
@@ -220,4 +224,5 @@ def resolve_settings(
         notices=tuple(notices),
         files=tuple(infos),
         layers=tuple(layers),
+        switched_off=tuple(switched_off),
     )

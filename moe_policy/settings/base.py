@@ -35,7 +35,8 @@ class FileInfo:
 
 @dataclass
 class SourceOutput:
-    """What one source contributes: settings, context facts, rules, notices, files."""
+    """What one source contributes: settings, context facts, rules, notices, files, and the
+    packages an engine switch takes out (``Entry("packages", name, origin)``)."""
 
     layer: str
     settings: list[Entry] = field(default_factory=list)
@@ -43,6 +44,7 @@ class SourceOutput:
     rules: list[Rule] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
     files: list[FileInfo] = field(default_factory=list)
+    switched_off: list[Entry] = field(default_factory=list)
 
 
 class Source(ABC):

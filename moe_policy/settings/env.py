@@ -13,11 +13,21 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from moe_policy.core.decision import Notice
+from moe_policy.core.engines import MOE_POLICY, EngineProfile
 from moe_policy.core.origin import Origin
 from moe_policy.core.values import bool_from_text
 from moe_policy.errors import PolicyError, did_you_mean
 from moe_policy.settings.base import Entry, Source, SourceOutput
 from moe_policy.settings.schema import validate_setting
+from moe_policy.settings.vllm_switches import (
+    DEEP_GEMM_PACKAGE,
+    DEEP_GEMM_SWITCHES,
+    MOE_USE_DEEP_GEMM,
+    deep_gemm_request,
+    deep_gemm_switched_off,
+    no_effect_detail,
+    switches_read,
+)
 
 if TYPE_CHECKING:
     from moe_policy.core.catalog import Catalog
@@ -50,7 +60,6 @@ VLLM_KNOWN_NO_EFFECT = {
     "VLLM_ROCM_MOE_PADDING": "changes ROCm Triton weight padding, not the backend choice",
     "VLLM_MOE_DP_CHUNK_SIZE": "sets a dispatch chunk size, not the backend choice",
     "VLLM_ROCM_AITER_MOE_DISPATCH_POLICY": "tunes AITER sorting at run time, not the backend choice",
-    "VLLM_MOE_USE_DEEP_GEMM": "applies to FP8 MoE only",
 }
 
 
@@ -58,19 +67,32 @@ def _load_environ() -> Mapping[str, str]:
     return dict(os.environ)
 
 
+def vllm_oracle(engine: EngineProfile) -> str | None:
+    """The vLLM oracle ``engine`` decides for (``none``: unquantized), or None for an engine
+    that is not vLLM."""
+    return engine.quantization if engine.vllm_layout else None
+
+
 class EnvSource(Source):
-    """The environment snapshot taken at construction."""
+    """The environment snapshot taken at construction, read for ``engine`` (the vLLM switches
+    an oracle reads depend on the oracle deciding the layer)."""
 
     layer = "environment"
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, environ: Mapping[str, str] | None = None, engine: EngineProfile = MOE_POLICY
+    ) -> None:
         self.environ: Mapping[str, str] = dict(environ) if environ is not None else _load_environ()
+        self.engine = engine
 
     def __repr__(self) -> str:
         shown = sorted(
             k
             for k in self.environ
-            if k.startswith(PREFIX) or (k.startswith("VLLM_") and "MOE" in k) or k in VLLM_HANDLED
+            if k.startswith(PREFIX)
+            or (k.startswith("VLLM_") and "MOE" in k)
+            or k in VLLM_HANDLED
+            or k in DEEP_GEMM_SWITCHES
         )
         return f"EnvSource({shown!r})"
 
@@ -129,6 +151,7 @@ class EnvSource(Source):
             else:
                 off = AITER if not master else AITER_MOE
                 out.context.append(Entry("rocm.aiter", False, Origin.env(off)))
+        self._load_deep_gemm(out)
         if BATCH_INVARIANT in env:
             out.context.append(
                 Entry("batch_invariant", self._bool(BATCH_INVARIANT), Origin.env(BATCH_INVARIANT))
@@ -144,8 +167,39 @@ class EnvSource(Source):
                     )
                 )
         for name in sorted(env):
+            if name in DEEP_GEMM_SWITCHES:
+                continue  # _load_deep_gemm
             if name.startswith("VLLM_") and "MOE" in name and name not in VLLM_HANDLED:
                 detail = VLLM_KNOWN_NO_EFFECT.get(name, "is not a knob moe_policy reads")
+                out.notices.append(
+                    Notice(
+                        name,
+                        str(Origin.env(name)),
+                        f"has no effect on the MoE backend choice: {detail}",
+                        replacement="MOE_POLICY_BACKEND or a policy rule",
+                    )
+                )
+
+    def _load_deep_gemm(self, out: SourceOutput) -> None:
+        """vLLM's DeepGEMM switches, for the oracle that decides the layer
+        (:mod:`moe_policy.settings.vllm_switches`): both on is a ``deep_gemm`` request of this
+        layer, read after the AITER switches (vLLM's fp8 oracle looks at DeepGEMM first) and
+        before ``MOE_POLICY_BACKEND``; one set off takes the ``deep_gemm`` package out. An
+        oracle that does not read ``VLLM_MOE_USE_DEEP_GEMM`` set gets a notice saying so."""
+        env = self.environ
+        oracle = vllm_oracle(self.engine)
+        request = deep_gemm_request(env, oracle)
+        if request is not None:
+            out.settings.append(request)
+        off = deep_gemm_switched_off(env, oracle)
+        if off is not None:
+            out.switched_off.append(Entry("packages", DEEP_GEMM_PACKAGE, off))
+        read = switches_read(oracle)
+        # VLLM_USE_DEEP_GEMM also drives vLLM's dense fp8 GEMMs: set for them, it is no
+        # mistake, so only the MoE switch gets a notice where it has no effect.
+        for name in (MOE_USE_DEEP_GEMM,):
+            if name in env and name not in read:
+                detail = no_effect_detail(name, oracle, self.engine.label)
                 out.notices.append(
                     Notice(
                         name,

@@ -1,7 +1,8 @@
 """Request: honour an explicit backend request when it survived the earlier passes.
 
-``triton`` under the batched format becomes ``batched_triton`` (an adaptation,
-recorded) where the catalog has it. A request for an eliminated backend becomes an
+``triton`` under the batched format becomes ``batched_triton``, and ``deep_gemm``
+``batched_deep_gemm`` (an adaptation, recorded) where the catalog has it, as vLLM's fp8
+oracle swaps the classes. A request for an eliminated backend becomes an
 override carrying that backend's reason code, the pass that eliminated it, and the
 request's origin; so does a request for a backend of the engine's other oracles
 (``quantization_unsupported``: vLLM's ``marlin`` asked for an unquantized layer).
@@ -19,7 +20,7 @@ from moe_policy.core.passes import Candidates, PassInputs, PassResult, TraceEntr
 
 NAME = "request"
 #: Standard-format backends and their batched-format counterparts.
-BATCHED_COUNTERPART = {"triton": "batched_triton"}
+BATCHED_COUNTERPART = {"triton": "batched_triton", "deep_gemm": "batched_deep_gemm"}
 
 
 class RequestPass:

@@ -332,84 +332,37 @@ def quant_facts(weight_key: Any, activation_key: Any, fmt: str) -> dict[str, tup
     }
 
 
-def fp8_request_entry(
-    value: str,
-    *,
-    batched: bool,
-    allow_vllm_cutlass: bool,
-    environ: Mapping[str, str],
-    rdna_aiter: bool = False,
-) -> Entry | None:
-    """The explicit request vLLM's fp8 oracle acts on (None: it chooses by priority).
+def fp8_request_entry(value: str, *, batched: bool, allow_vllm_cutlass: bool) -> Entry | None:
+    """``--moe-backend`` as the explicit request of vLLM's fp8 oracle (None: auto).
 
-    ``--moe-backend`` first (an unmapped value is an error where vLLM's raises; a CUTLASS
-    request where vLLM disabled CUTLASS too); then ``VLLM_USE_DEEP_GEMM`` and
-    ``VLLM_MOE_USE_DEEP_GEMM`` both set true, which make vLLM take DeepGEMM or fail; then
-    ``VLLM_ROCM_USE_AITER`` / ``VLLM_ROCM_USE_AITER_MOE`` set and on, which do the same for
-    AITER. A switch set off takes the backend out (see :func:`fp8_packages`).
+    An unmapped value is an error where vLLM's raises, and so is a CUTLASS request where vLLM
+    disabled CUTLASS. vLLM's DeepGEMM and AITER switches, which its oracle reads after
+    ``--moe-backend``, are environment-layer requests read by the settings
+    (:mod:`moe_policy.settings.vllm_switches` and ``settings/env.py``), in dry runs as here,
+    so ``MOE_POLICY_BACKEND`` beats them and this flag beats both.
     """
     value = str(value or "auto")
-    if value != "auto":
-        origin = vllm_origin("--moe-backend")
-        if value not in FP8_REQUESTABLE:
-            raise PolicyError(
-                f"moe_backend={value!r} is not supported for FP8 MoE (vLLM maps "
-                f"{', '.join(FP8_REQUESTABLE)}){did_you_mean(value, FP8_REQUESTABLE)}",
-                origin,
-                key="backend",
-            )
-        backend = FP8_REQUESTABLE[value]
-        if batched:
-            backend = FP8_BATCHED.get(backend, backend)
-        if backend.endswith("vllm_cutlass") and not allow_vllm_cutlass:
-            raise PolicyError(
-                "vLLM's CUTLASS fp8 MoE backend is disabled for this checkpoint format "
-                "(vLLM offers it to compressed-tensors only)",
-                origin,
-                key="backend",
-            )
-        return Entry("backend", backend, origin)
-    deep_gemm = _switches(environ, "VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")
-    if deep_gemm is not None and deep_gemm[0]:
-        return Entry("backend", "batched_deep_gemm" if batched else "deep_gemm", deep_gemm[1])
-    aiter = _switches(environ, "VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MOE")
-    if aiter is not None and aiter[0] and not rdna_aiter:
-        return Entry("backend", "aiter", aiter[1])
-    return None
-
-
-#: vLLM's reading of its switches (vllm/envs.py): name -> (default, is it on).
-_SWITCHES: Mapping[str, tuple[str, Any]] = {
-    "VLLM_USE_DEEP_GEMM": ("1", lambda v: bool(int(v))),
-    "VLLM_MOE_USE_DEEP_GEMM": ("1", lambda v: bool(int(v))),
-    "VLLM_ROCM_USE_AITER": ("False", lambda v: v.lower() in ("true", "1")),
-    "VLLM_ROCM_USE_AITER_MOE": ("True", lambda v: v.lower() in ("true", "1")),
-}
-
-
-def _switches(environ: Mapping[str, str], *names: str) -> tuple[bool, Origin] | None:
-    """vLLM's pair of switches when either is set: (both on, the variable that decided)."""
-    if not any(name in environ for name in names):
+    if value == "auto":
         return None
-    for name in names:
-        default, is_on = _SWITCHES[name]
-        try:
-            on = is_on(environ.get(name, default))
-        except ValueError:
-            raise PolicyError(
-                f"{name}={environ[name]!r} is not a value vLLM reads (0 or 1)", Origin.env(name)
-            ) from None
-        if not on:
-            return False, Origin.env(name)
-    return True, Origin.env(next(name for name in names if name in environ))
-
-
-def fp8_packages(environ: Mapping[str, str], packages: tuple[str, ...]) -> tuple[str, ...]:
-    """The packages the fp8 oracle may use: DeepGEMM is out when a DeepGEMM switch is off."""
-    deep_gemm = _switches(environ, "VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")
-    if deep_gemm is not None and not deep_gemm[0]:
-        return tuple(p for p in packages if p != "deep_gemm")
-    return packages
+    origin = vllm_origin("--moe-backend")
+    if value not in FP8_REQUESTABLE:
+        raise PolicyError(
+            f"moe_backend={value!r} is not supported for FP8 MoE (vLLM maps "
+            f"{', '.join(FP8_REQUESTABLE)}){did_you_mean(value, FP8_REQUESTABLE)}",
+            origin,
+            key="backend",
+        )
+    backend = FP8_REQUESTABLE[value]
+    if batched:
+        backend = FP8_BATCHED.get(backend, backend)
+    if backend.endswith("vllm_cutlass") and not allow_vllm_cutlass:
+        raise PolicyError(
+            "vLLM's CUTLASS fp8 MoE backend is disabled for this checkpoint format "
+            "(vLLM offers it to compressed-tensors only)",
+            origin,
+            key="backend",
+        )
+    return Entry("backend", backend, origin)
 
 
 #: ``--moe-backend`` values of vLLM's mxfp4 oracle (map_mxfp4_backend) whose bf16-activation

@@ -36,7 +36,6 @@ from moe_policy.core.state import STATE
 from moe_policy.errors import PolicyError
 from moe_policy.integrations.vllm.facts import (
     deployment_entries,
-    fp8_packages,
     fp8_request_entry,
     int8_request_entry,
     model_facts,
@@ -330,23 +329,18 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
         )
         checks = _engine_checks(moe_config, load_catalog(profile))
     else:
-        from vllm._aiter_ops import rocm_aiter_ops
-
         if quantized.wna16 is not None:
             quant = wna16_facts(quantized.wna16)
         else:
             quant = quant_facts(quantized.weight_key, quantized.activation_key, quantized.fmt)
         batched = bool(moe_config.moe_parallel_config.use_batched_activation_format)
         if quantized.oracle == "fp8":
+            # vLLM's DeepGEMM and AITER switches: the environment layer, as in a dry run
             request = fp8_request_entry(
                 moe_config.moe_backend,
                 batched=batched,
                 allow_vllm_cutlass=quantized.allow_vllm_cutlass,
-                environ=os.environ,
-                rdna_aiter=bool(rocm_aiter_ops.is_rdna_aiter_enabled()),
             )
-            packages = fp8_packages(os.environ, tuple(platform.packages or ()))
-            platform = dataclasses.replace(platform, packages=packages)
         elif quantized.oracle == "w4a8_int8":
             request = w4a8_int8_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "w4a8":
@@ -354,9 +348,7 @@ def _build(moe_config: Any, quantized: Quantized | None = None) -> Selector:
         elif quantized.oracle == "int8":
             request = int8_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "mxfp8":
-            request = mxfp8_request_entry(moe_config.moe_backend)
-            packages = fp8_packages(os.environ, tuple(platform.packages or ()))
-            platform = dataclasses.replace(platform, packages=packages)
+            request = mxfp8_request_entry(moe_config.moe_backend)  # VLLM_USE_DEEP_GEMM: env
         elif quantized.oracle == "int_wna16":
             request = wna16_request_entry(moe_config.moe_backend)
         elif quantized.oracle == "mxfp4":

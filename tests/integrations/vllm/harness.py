@@ -1025,6 +1025,9 @@ def _fp8_subgrids() -> Iterator[Case]:
         for env in _FP8_ENVS:
             yield _qcase(model, quant, "cuda9.0+fi", env=env, deep_gemm=True)
             yield _qcase(model, quant, "rocm+aiter", env=env)
+        # The DeepGEMM switches on under the batched format: vLLM takes BatchedDeepGemmExperts.
+        yield _qcase(model, quant, "cuda9.0+fi", "ep-dp2-deepep_low_latency", env=_FP8_ENVS[2],
+                     deep_gemm=True)  # fmt: skip
 
 
 #: gpt-oss's routed experts (mxfp4 weights, bf16 activations): openai/gpt-oss-20b and -120b.
@@ -1213,6 +1216,9 @@ def _mxfp8_subgrids() -> Iterator[Case]:
             yield _qcase(model, "mxfp8", platform, deep_gemm=True, lora=True)
             yield _qcase(model, "mxfp8", platform, deep_gemm=True,
                          env=(("VLLM_USE_DEEP_GEMM", "0"),))  # fmt: skip
+            # vLLM's mxfp8 oracle does not read VLLM_MOE_USE_DEEP_GEMM: DeepGEMM stays.
+            yield _qcase(model, "mxfp8", platform, deep_gemm=True,
+                         env=(("VLLM_MOE_USE_DEEP_GEMM", "0"),))  # fmt: skip
         for layout in FP8_LAYOUTS:
             for platform in ("cuda9.0+fi", "cuda10.0+fi", "rocm", "xpu"):
                 yield _qcase(model, "mxfp8", platform, layout)

@@ -194,8 +194,7 @@ def _dry_selector(case: Case) -> Selector:
         request = facts.int8_request_entry(case.moe_backend)
     elif case.quant == "mxfp8":
         quant = _checkpoint_quantization(case)
-        request = facts.mxfp8_request_entry(case.moe_backend)
-        packages = facts.fp8_packages(env, packages)
+        request = facts.mxfp8_request_entry(case.moe_backend)  # VLLM_USE_DEEP_GEMM: env layer
     elif case.quant in ("mxfp4", "nvfp4"):
         quant = _checkpoint_quantization(case)
         reader = facts.mxfp4_request_entry if case.quant == "mxfp4" else facts.nvfp4_request_entry
@@ -210,14 +209,13 @@ def _dry_selector(case: Case) -> Selector:
     else:
         # What `moe-policy explain` reads from the checkpoint's quantization_config.
         quant = _checkpoint_quantization(case)
+        # vLLM's DeepGEMM and AITER switches: the environment layer (environ=env), as in
+        # `moe-policy explain --engine vllm`
         request = facts.fp8_request_entry(
             case.moe_backend,
             batched=parallel.use_batched_activation_format,
             allow_vllm_cutlass=quant["model.quant.format"][0] == "compressed-tensors",
-            environ=env,
-            rdna_aiter=case.rdna and case.aiter and aiter_on,
         )
-        packages = facts.fp8_packages(env, packages)
         explicit.append(Entry("cpu.amx_fp8", False, origin))
     if request is not None:
         explicit.append(request)

@@ -6,6 +6,7 @@ own tests do); the loader, the method, the oracle and the experts classes are vL
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -352,6 +353,78 @@ def test_without_the_plugin_vllm_decides_fp8_itself(monkeypatch):
     assert fp8_method.select_fp8_moe_backend is VLLM_SELECT_FP8
     built, _ = build_fp8_method(DEEPSEEK_FP8, {"MOE_POLICY_BACKEND": "flashinfer_trtllm"})
     assert built.fp8_backend.name == "TRITON"  # vLLM's own SM90 block-fp8 choice
+
+
+#: DeepSeek-V3's fp8 layer on an H200 with DeepGEMM installed and vLLM's DeepGEMM switches on.
+DEEPSEEK_FP8_DEEP_GEMM = dataclasses.replace(
+    DEEPSEEK_FP8,
+    name="deepseek-v3/fp8/h200/deep_gemm-switches",
+    deep_gemm=True,
+    env=(("VLLM_USE_DEEP_GEMM", "1"), ("VLLM_MOE_USE_DEEP_GEMM", "1")),
+)
+
+
+def _audited(path) -> dict:
+    [line] = path.read_text().splitlines()
+    return json.loads(line)
+
+
+def test_the_deep_gemm_switches_request_deep_gemm_from_the_environment_layer(monkeypatch, tmp_path):
+    """Alone, the switches make the plugin take DeepGEMM, as vLLM's fp8 oracle does, with the
+    variable as the request's origin (the environment layer, as in a dry run)."""
+    load_plugins(monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    built, caught = build_fp8_method(DEEPSEEK_FP8_DEEP_GEMM, {"MOE_POLICY_AUDIT_LOG": str(audit)})
+    assert built.fp8_backend.name == "DEEPGEMM"
+    assert not [w for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    record = _audited(audit)
+    assert (record["backend"], record["outcome"]) == ("deep_gemm", "honored")
+    assert record["requested"]["origin"] == "env:VLLM_USE_DEEP_GEMM"
+    assert record["notices"] == []  # no "has no effect" for switches the fp8 oracle reads
+
+
+def test_moe_policy_backend_beats_the_deep_gemm_switches_inside_vllm(monkeypatch, tmp_path):
+    """MOE_POLICY_BACKEND is read after vLLM's switches in the environment layer, so it wins
+    over DeepGEMM inside vLLM too: honoured where it runs, no warning."""
+    load_plugins(monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    env = {"MOE_POLICY_BACKEND": "triton", "MOE_POLICY_AUDIT_LOG": str(audit)}
+    built, caught = build_fp8_method(DEEPSEEK_FP8_DEEP_GEMM, env)
+    assert built.fp8_backend.name == "TRITON"
+    assert not [w for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    record = _audited(audit)
+    assert (record["backend"], record["outcome"]) == ("triton", "honored")
+    assert record["requested"]["origin"] == "env:MOE_POLICY_BACKEND"
+
+
+def test_an_unrunnable_moe_policy_backend_over_the_switches_is_warned_not_deep_gemm(
+    monkeypatch, tmp_path
+):
+    """MOE_POLICY_BACKEND that cannot run here is the request overridden (warned, named), the
+    policy's choice runs; the DeepGEMM switches it beat do not come back."""
+    load_plugins(monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    env = {"MOE_POLICY_BACKEND": "flashinfer_trtllm", "MOE_POLICY_AUDIT_LOG": str(audit)}
+    built, caught = build_fp8_method(DEEPSEEK_FP8_DEEP_GEMM, env)
+    [warning] = [w.message for w in caught if isinstance(w.message, BackendOverrideWarning)]
+    assert warning.override.origin == "env:MOE_POLICY_BACKEND"
+    assert warning.override.reason_code.value == "device_capability_unsupported"
+    record = _audited(audit)
+    assert record["outcome"] == "overridden"
+    assert record["requested"]["backend"] == "flashinfer_trtllm"
+    assert built.fp8_backend.name == "TRITON"  # the SM90 block-fp8 rule, not the switches
+    with pytest.raises(BackendOverrideError, match=r"\(from env:MOE_POLICY_BACKEND\)"):
+        build_fp8_method(DEEPSEEK_FP8_DEEP_GEMM, {**env, "MOE_POLICY_MODE": "strict"})
+
+
+def test_moe_backend_beats_moe_policy_backend_and_the_switches(monkeypatch, tmp_path):
+    load_plugins(monkeypatch)
+    audit = tmp_path / "audit.jsonl"
+    case = dataclasses.replace(DEEPSEEK_FP8_DEEP_GEMM, moe_backend="flashinfer_cutlass")
+    env = {"MOE_POLICY_BACKEND": "triton", "MOE_POLICY_AUDIT_LOG": str(audit)}
+    built, _ = build_fp8_method(case, env)
+    assert built.fp8_backend.name == "FLASHINFER_CUTLASS"
+    assert _audited(audit)["requested"]["origin"] == "vllm:--moe-backend"
 
 
 def test_a_gpt_oss_layer_is_decided_through_the_policy(monkeypatch, tmp_path):
