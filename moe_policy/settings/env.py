@@ -171,14 +171,7 @@ class EnvSource(Source):
                 continue  # _load_deep_gemm
             if name.startswith("VLLM_") and "MOE" in name and name not in VLLM_HANDLED:
                 detail = VLLM_KNOWN_NO_EFFECT.get(name, "is not a knob moe_policy reads")
-                out.notices.append(
-                    Notice(
-                        name,
-                        str(Origin.env(name)),
-                        f"has no effect on the MoE backend choice: {detail}",
-                        replacement="MOE_POLICY_BACKEND or a policy rule",
-                    )
-                )
+                out.notices.append(_no_effect(name, detail))
 
     def _load_deep_gemm(self, out: SourceOutput) -> None:
         """vLLM's DeepGEMM switches, for the oracle that decides the layer
@@ -194,17 +187,18 @@ class EnvSource(Source):
         off = deep_gemm_switched_off(env, oracle)
         if off is not None:
             out.switched_off.append(Entry("packages", DEEP_GEMM_PACKAGE, off))
-        read = switches_read(oracle)
         # VLLM_USE_DEEP_GEMM also drives vLLM's dense fp8 GEMMs: set for them, it is no
         # mistake, so only the MoE switch gets a notice where it has no effect.
-        for name in (MOE_USE_DEEP_GEMM,):
-            if name in env and name not in read:
-                detail = no_effect_detail(name, oracle, self.engine.label)
-                out.notices.append(
-                    Notice(
-                        name,
-                        str(Origin.env(name)),
-                        f"has no effect on the MoE backend choice: {detail}",
-                        replacement="MOE_POLICY_BACKEND or a policy rule",
-                    )
-                )
+        if MOE_USE_DEEP_GEMM in env and MOE_USE_DEEP_GEMM not in switches_read(oracle):
+            detail = no_effect_detail(MOE_USE_DEEP_GEMM, oracle, self.engine.label)
+            out.notices.append(_no_effect(MOE_USE_DEEP_GEMM, detail))
+
+
+def _no_effect(name: str, detail: str) -> Notice:
+    """The notice for a vLLM variable that does not change this MoE backend choice."""
+    return Notice(
+        name,
+        str(Origin.env(name)),
+        f"has no effect on the MoE backend choice: {detail}",
+        replacement="MOE_POLICY_BACKEND or a policy rule",
+    )

@@ -98,3 +98,16 @@ def explain_record(*args: str, env: Mapping[str, str] | None = None) -> tuple[Ru
     record = run.json()
     validate_record(record)
     return run, record
+
+
+def settings_rows(text: str, key: str) -> list[str]:
+    """The lines of ``explain``'s Settings table for ``key``: its row and the indented
+    ``beat`` lines under it."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{key} "))
+    rows = [lines[start]]
+    for line in lines[start + 1 :]:
+        if line[:1].strip():
+            break
+        rows.append(line)
+    return rows

@@ -19,26 +19,9 @@ import moe_policy.api as api
 from moe_policy import override_platform
 from moe_policy.core.platform import PlatformFacts, current_platform
 from tests.bundled import NEMOTRON
+from tests.threads import JOIN, SignallingLock
 
 H200 = {"platform": "cuda", "capability": "9.0", "device_name": "NVIDIA H200"}
-JOIN = 30  # seconds: only ever reached by a deadlock
-
-
-class _SignallingRLock:
-    """An RLock that says when a thread other than ``holder`` starts waiting for it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self.holder: threading.Thread | None = None
-        self.contended = threading.Event()
-
-    def __enter__(self) -> None:
-        if self.holder is not None and threading.current_thread() is not self.holder:
-            self.contended.set()
-        self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
 
 
 def _start(target: Any) -> tuple[threading.Thread, list[Any]]:
@@ -61,7 +44,7 @@ def test_one_layer_asked_by_two_threads_at_once_is_one_decision():
         return True, None
 
     selector = moe_policy.Selector(NEMOTRON, environ={}, extra_checks={"triton": check}, **H200)
-    lock = selector._lock = _SignallingRLock()  # type: ignore[assignment]
+    lock = selector._lock = SignallingLock(threading.RLock)  # type: ignore[assignment]
     a, a_out = _start(lambda: selector.decide(7))
     assert inside.wait(JOIN)
     lock.holder = a

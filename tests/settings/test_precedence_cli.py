@@ -9,22 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.runner import H200, explain_record, run_cli
+from tests.cli.runner import H200, explain_record, run_cli, settings_rows
 
 QWEN = "configs/models/qwen3-30b-a3b.json"
 ROCM = ("--platform", "rocm", "--capability", "9.4")
-
-
-def _settings_rows(text: str, key: str) -> list[str]:
-    """The Settings table's row for ``key`` and its indented ``beat`` lines."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"{key} "))
-    rows = [lines[start]]
-    for line in lines[start + 1 :]:
-        if line[:1].strip():
-            break
-        rows.append(line)
-    return rows
 
 
 def test_a_key_in_two_files_then_env_then_flag_keeps_every_beaten_origin(tmp_path: Path) -> None:
@@ -37,7 +25,7 @@ def test_a_key_in_two_files_then_env_then_flag_keeps_every_beaten_origin(tmp_pat
     run = run_cli("explain", "--model", QWEN, *H200, "--backend", "triton", env=env)
     assert run.returncode == 0, run.stderr
     # wrapped cells split paths anywhere: compare with every blank removed
-    text = "".join("".join(_settings_rows(run.stdout, "backend")).split())
+    text = "".join("".join(settings_rows(run.stdout, "backend")).split())
     order = [
         "triton cli:--backend",
         "beat reference (env:MOE_POLICY_BACKEND)",
@@ -78,7 +66,7 @@ def test_moe_policy_backend_beats_the_aiter_request() -> None:
     assert record["requested"]["origin"] == "env:MOE_POLICY_BACKEND"
     assert record["context"]["rocm.aiter"] == {"value": True, "origin": "env:VLLM_ROCM_USE_AITER"}
     run = run_cli("explain", *args, env={**env, "COLUMNS": "400"})
-    text = " ".join(" ".join(_settings_rows(run.stdout, "backend")).split())
+    text = " ".join(" ".join(settings_rows(run.stdout, "backend")).split())
     assert "triton env:MOE_POLICY_BACKEND beat aiter (env:VLLM_ROCM_USE_AITER)" in text, text
 
 

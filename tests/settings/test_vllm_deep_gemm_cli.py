@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.runner import explain_record, run_cli
+from tests.cli.runner import explain_record, run_cli, settings_rows
 
 DEEPSEEK = ("--engine", "vllm", "--model", "configs/models/deepseek-v3.json")  # fp8, 128x128
 QWEN = ("--engine", "vllm", "--model", "configs/models/qwen3-30b-a3b.json")  # unquantized
@@ -26,14 +26,7 @@ def _names(record: dict[str, Any]) -> list[str]:
 
 def _settings_row(text: str, key: str) -> str:
     """The Settings table's row for ``key`` and its indented lines, blanks collapsed."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"{key} "))
-    rows = [lines[start]]
-    for line in lines[start + 1 :]:
-        if line[:1].strip():
-            break
-        rows.append(line)
-    return " ".join(" ".join(rows).split())
+    return " ".join(" ".join(settings_rows(text, key)).split())
 
 
 @pytest.mark.parametrize(

@@ -10,26 +10,7 @@ import threading
 from typing import Any
 
 from moe_policy.integrations.vllm import plugin
-
-JOIN = 30  # seconds: only ever reached by a deadlock
-
-
-class _SignallingLock:
-    """A lock that says when a thread other than the one holding it starts waiting for it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.holder: threading.Thread | None = None
-        self.contended = threading.Event()
-
-    def __enter__(self) -> None:
-        if self.holder is not None and threading.current_thread() is not self.holder:
-            self.contended.set()
-        self._lock.acquire()
-        self.holder = threading.current_thread()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+from tests.threads import JOIN, SignallingLock
 
 
 def test_two_threads_attaching_to_vllms_logging_at_once_attach_one_handler(monkeypatch):
@@ -41,7 +22,7 @@ def test_two_threads_attaching_to_vllms_logging_at_once_attach_one_handler(monke
     monkeypatch.setattr(moe_logger, "level", logging.NOTSET)
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
     monkeypatch.setattr(vllm_logger, "handlers", [logging.NullHandler()])
-    lock = _SignallingLock()
+    lock = SignallingLock()
     monkeypatch.setattr(plugin, "_ATTACH_LOCK", lock)
     first_inside = threading.Event()
     real = plugin._handled_elsewhere
