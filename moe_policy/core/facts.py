@@ -109,7 +109,10 @@ def _switch_off(
     names = {name for name, _ in off}
     values["packages"] = tuple(p for p in packages if p not in names)
     why = ", ".join(f"{name} switched off by {origin}" for name, origin in off)
-    origins["packages"] = f"{origins.get('packages', 'default')}; {why}"
+    base = origins.get("packages", "default")
+    # A bare origin (api, probe, default) takes no "; ..." tail in a record's origin: the
+    # packages are then derived from it, less what the switch took out.
+    origins["packages"] = f"{base}; {why}" if ":" in base else str(Origin.derived(f"{base}; {why}"))
 
 
 def _check_deployment(
@@ -193,8 +196,11 @@ def _put_platform(put: Any, facts: PlatformFacts) -> None:
     put("platform", coerce_value("platform", facts.platform, origin), origin)
     put("device.capability", coerce_value("device.capability", facts.capability, origin), origin)
     put("device.name", coerce_value("device.name", facts.device_name, origin), origin)
-    if facts.packages is not None:
-        put("packages", coerce_value("packages", facts.packages, origin), origin)
+    # None ("assume every package") is still recorded: a record lists every context key
+    packages = facts.packages
+    put(
+        "packages", None if packages is None else coerce_value("packages", packages, origin), origin
+    )
 
 
 def _vllm_fp8_keys(values: dict[str, Any], origins: dict[str, str], tp_shards: int) -> None:
