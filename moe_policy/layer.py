@@ -34,6 +34,39 @@ class BackendNotImplementedError(MoEPolicyError, RuntimeError):
     """The policy decided a backend that this process cannot run."""
 
 
+#: ``model.dtype`` -> the torch dtype the layer's weights must have.
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def check_weights_match_context(
+    config: ExpertsConfig,
+    model_dtype: str | None,
+    w13: torch.Tensor,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+) -> None:
+    """ValueError unless the weights are what the decision was made for: biases exactly
+    when ``model.has_bias`` (a backend may not pass biases, or drop missing ones), and the
+    ``model.dtype`` the backend was chosen for."""
+    given = [n for n, b in (("w13_bias", w13_bias), ("w2_bias", w2_bias)) if b is not None]
+    if config.has_bias and len(given) != 2:
+        raise ValueError(
+            f"the model has expert biases (model.has_bias true): pass both w13_bias and "
+            f"w2_bias; got {', '.join(given) or 'neither'}"
+        )
+    if not config.has_bias and given:
+        raise ValueError(
+            f"{' and '.join(given)} given, but the decision was made for a model without "
+            "expert biases (model.has_bias false; set it to build a layer with biases)"
+        )
+    want = _TORCH_DTYPES.get(str(model_dtype)) if model_dtype is not None else None
+    if want is not None and w13.dtype != want:
+        raise ValueError(
+            f"weights are {w13.dtype} but the decision was made for model.dtype {model_dtype} "
+            f"({want}): pass dtype= to match the weights, or convert them"
+        )
+
+
 def experts_config(selector: Selector) -> ExpertsConfig:
     """The experts' shape and math on this rank, from the decision's context."""
     v = selector.context.values
@@ -72,15 +105,20 @@ class MoELayer(torch.nn.Module):
         try:
             experts_cls = cast(type[FusedMoEExperts], selector.catalog.load_experts_class(backend))
         except LookupError as exc:
+            engine = selector.engine.name
+            for_engine = "" if engine == "moe_policy" else f" for engine {engine!r}"
             raise BackendNotImplementedError(
-                f"the policy chose {backend!r} ({self.decision.experts_class}), which has no "
-                f"implementation in this process: {exc}"
+                f"the policy chose {backend!r} ({self.decision.experts_class}){for_engine}, "
+                f"which has no implementation in this process: {exc}"
             ) from None
         ok, why = experts_cls.is_available()
         if not ok:
             raise BackendNotImplementedError(
                 f"the policy chose {backend!r}, which cannot run here: {why}"
             )
+        check_weights_match_context(
+            self.config, selector.context.values.get("model.dtype"), w13, w13_bias, w2_bias
+        )
         self.experts: FusedMoEExperts = experts_cls(self.config, w13, w2, w13_bias, w2_bias)
         self.batched = self.decision.activation_format == "batched"
         ctx = selector.context.values

@@ -22,6 +22,7 @@ from moe_policy.experts.base import (
     ExpertsConfig,
     FusedMoEExperts,
     check_bias_shapes,
+    check_common_layout,
     check_devices,
 )
 from moe_policy.experts.lora import MoELoRAContext, check_lora
@@ -203,6 +204,8 @@ class ReferenceExperts(FusedMoEExperts):
         w13_bias: torch.Tensor | None = None,
         w2_bias: torch.Tensor | None = None,
     ) -> dict[str, Any]:
+        """The common layout as given (no copy), once checked against ``config`` (biases too)."""
+        check_common_layout(config, w13, w2, w13_bias, w2_bias)
         return {"w13": w13, "w2": w2, "w13_bias": w13_bias, "w2_bias": w2_bias}
 
     def apply(

@@ -193,3 +193,49 @@ def test_a_swiglustep_model_builds_and_runs_what_the_policy_decides(extra, expec
     unclamped = fused_moe_reference(x, w13, w2, weights, ids, activation="swiglustep",
                                     swiglu_limit=1e4)  # fmt: skip
     assert _rel_err(unclamped, ref) > 0.05
+
+
+SMALL_GPT_OSS = {  # gpt-oss-shaped (swigluoai with expert biases), unquantized, tiny
+    "model_type": "gpt_oss",
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "hidden_size": 64,
+    "intermediate_size": 48,
+    "torch_dtype": "bfloat16" if ON_GPU else "float16",
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_a_model_with_biases_is_never_built_without_them(backend):
+    """model.has_bias (gpt-oss): the reference backend once built without the biases and
+    silently computed a bias-free MoE; every backend now refuses."""
+    w13, w2 = _weights(8, 96, 64, 48)
+    with pytest.raises(ValueError, match=r"model\.has_bias true"):
+        MoELayer.build(SMALL_GPT_OSS, w13, w2, environ={}, backend=backend, **DRY)
+
+
+def test_biases_for_a_model_without_them_are_refused():
+    """Biases given to a layer decided for a model without biases are not silently added
+    (nor dropped by a backend that does not pass biases)."""
+    w13, w2 = _weights(8, 48, 64, 48)
+    b13 = torch.zeros(8, 48, device=DEVICE, dtype=DTYPE)
+    b2 = torch.zeros(8, 64, device=DEVICE, dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"model\.has_bias false"):
+        MoELayer.build(SMALL_NEMOTRON, w13, w2, b13, b2, environ={}, **DRY)
+
+
+def test_weights_of_another_dtype_than_the_decision_are_refused():
+    """The backend was chosen for model.dtype: weights of another dtype are an error naming both."""
+    w13, w2 = _weights(8, 48, 64, 48)
+    with pytest.raises(ValueError, match=r"model\.dtype fp32"):
+        MoELayer.build(SMALL_NEMOTRON, w13, w2, environ={}, dtype="fp32", **DRY)
+
+
+def test_an_engine_provided_backend_names_the_engine():
+    """A vLLM-profile decision names vLLM's backend: the error says which engine it is for."""
+    from moe_policy import Selector
+
+    w13, w2 = _weights(8, 48, 64, 48)
+    selector = Selector(SMALL_NEMOTRON, environ={}, engine="vllm", **DRY)
+    with pytest.raises(BackendNotImplementedError, match=r"'triton' .* for engine 'vllm'"):
+        MoELayer(selector, w13, w2)
