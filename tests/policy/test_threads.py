@@ -31,9 +31,9 @@ def _start(target: Any) -> tuple[threading.Thread, list[Any]]:
     return thread, out
 
 
-def test_one_layer_asked_by_two_threads_at_once_is_one_decision():
-    """The second thread waits while the first decides, then takes the first's decision (one
-    decision id per layer, as in one thread), not a second copy."""
+def _held_selector() -> tuple[Any, threading.Event, threading.Event]:
+    """A selector whose triton check, in any thread but this one, sets ``inside`` and waits
+    for ``release``: that thread holds the selector's lock while it decides."""
     first = threading.current_thread()
     inside, release = threading.Event(), threading.Event()
 
@@ -44,6 +44,13 @@ def test_one_layer_asked_by_two_threads_at_once_is_one_decision():
         return True, None
 
     selector = moe_policy.Selector(NEMOTRON, environ={}, extra_checks={"triton": check}, **H200)
+    return selector, inside, release
+
+
+def test_one_layer_asked_by_two_threads_at_once_is_one_decision():
+    """The second thread waits while the first decides, then takes the first's decision (one
+    decision id per layer, as in one thread), not a second copy."""
+    selector, inside, release = _held_selector()
     lock = selector._lock = SignallingLock(threading.RLock)  # type: ignore[assignment]
     a, a_out = _start(lambda: selector.decide(7))
     assert inside.wait(JOIN)
@@ -92,16 +99,7 @@ def test_a_platform_pinned_by_another_thread_meanwhile_is_not_cached_unpinned(mo
 def test_a_forked_child_decides_with_a_selector_another_thread_was_deciding_with():
     """A thread of the parent holds a cached selector's lock (deciding a layer) at the fork:
     the child, a new process, still decides with that selector."""
-    first = threading.current_thread()
-    inside, release = threading.Event(), threading.Event()
-
-    def check(values: Any) -> tuple[bool, None]:
-        if threading.current_thread() is not first:
-            inside.set()
-            assert release.wait(JOIN)
-        return True, None
-
-    selector = moe_policy.Selector(NEMOTRON, environ={}, extra_checks={"triton": check}, **H200)
+    selector, inside, release = _held_selector()
     builder, _ = _start(lambda: selector.decide(layer_kind="draft"))
     try:
         assert inside.wait(JOIN)
