@@ -101,25 +101,28 @@ def check_inputs(
     inputs: float ``x`` [T, H], ``w13`` [E, N1, H] (N1 = 2I gated, I otherwise), ``w2``
     [E, H, I], float ``topk_weights`` and int ``topk_ids`` [T, k], biases [E, N1] and [E, H],
     a LoRA context of the layer, all on x's device (any float dtypes)."""
-    got = (
-        f"x {tuple(x.shape)} {x.dtype}, w13 {tuple(w13.shape)} {w13.dtype}, "
-        f"w2 {tuple(w2.shape)} {w2.dtype}, topk_weights {tuple(topk_weights.shape)} "
-        f"{topk_weights.dtype}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}"
-    )
+
+    def got() -> str:  # built only for an error: this check runs on every grouped-GEMM call
+        return (
+            f"x {tuple(x.shape)} {x.dtype}, w13 {tuple(w13.shape)} {w13.dtype}, "
+            f"w2 {tuple(w2.shape)} {w2.dtype}, topk_weights {tuple(topk_weights.shape)} "
+            f"{topk_weights.dtype}, topk_ids {tuple(topk_ids.shape)} {topk_ids.dtype}"
+        )
+
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3 or topk_ids.dim() != 2:
         raise ValueError(
-            f"expected x [T, H], w13 [E, N1, H], w2 [E, H, I], topk_ids [T, k]; got {got}"
+            f"expected x [T, H], w13 [E, N1, H], w2 [E, H, I], topk_ids [T, k]; got {got()}"
         )
     (t, h), (e, n1, _), i = x.shape, w13.shape, w2.shape[2]
     if tuple(w13.shape) != (e, 2 * i if gated else i, h) or tuple(w2.shape[:2]) != (e, h):
         want = f"w13 [{e}, {2 * i if gated else i}, {h}], w2 [{e}, {h}, I]"
-        raise ValueError(f"shape mismatch (gated={gated}): expected {want}; got {got}")
+        raise ValueError(f"shape mismatch (gated={gated}): expected {want}; got {got()}")
     if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != t:
-        raise ValueError(f"topk_ids and topk_weights must both be [T={t}, k]; got {got}")
+        raise ValueError(f"topk_ids and topk_weights must both be [T={t}, k]; got {got()}")
     if not all(a.is_floating_point() for a in (x, w13, w2, topk_weights)) or (
         topk_ids.is_floating_point() or topk_ids.dtype == torch.bool
     ):
-        raise ValueError(f"x, w13, w2, topk_weights must be float and topk_ids int; got {got}")
+        raise ValueError(f"x, w13, w2, topk_weights must be float and topk_ids int; got {got()}")
     check_bias_shapes(e, n1, h, w13_bias, w2_bias)
     check_devices(x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
                   w13_bias=w13_bias, w2_bias=w2_bias)  # fmt: skip
