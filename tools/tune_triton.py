@@ -41,14 +41,13 @@ from benchmarks.common import (
 from moe_policy.experts.triton.config import (
     GemmConfig,
     MoEConfig,
-    config_file_name,
     default_pdl,
     default_tail_m,
     fit_stages,
     heuristic_config,
-    read_tuned_file,
 )
 from moe_policy.experts.triton.tuning.inputs import call_layer
+from moe_policy.experts.triton.tuning.report import kept_configs, tuned_file_path
 from tools.layer import compile_configs, layer
 
 #: (block_n, block_k, num_warps, num_stages) candidates by BLOCK_M; gated GEMM-1 block_n
@@ -209,14 +208,11 @@ def write_config_file(shape: MoEShape, table: dict[str, Any], device: str, trito
 def check_tuned_file(shape: MoEShape, device: str, out: str) -> str:
     """The path of the shape's tuned file in ``out``; ValueError naming it when a file there
     is not a tuned file (a run would fail on it only when writing, its tuning lost)."""
-    path = os.path.join(out, config_file_name(shape.num_experts, shape.inter, device))
-    if os.path.exists(path):
-        if not os.path.isfile(path):
-            raise ValueError(f"{path}: not a regular file; move it away")
-        try:
-            read_tuned_file(path)
-        except ValueError as exc:
-            raise ValueError(f"{exc}; move it away") from None
+    path = tuned_file_path(shape, device, out)
+    try:
+        kept_configs(path)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; move it away") from None
     return path
 
 

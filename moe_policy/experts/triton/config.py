@@ -355,7 +355,9 @@ def load_tuned(num_experts: int, inter: int, device_name: str) -> dict[int, MoEC
 
 def read_tuned_file(path: str) -> dict[int, MoEConfig]:
     """The configs of one tuned file by token count; ValueError naming the file when it cannot
-    be read or is not a tuned file."""
+    be read or is not a tuned file (a FIFO, which would block the read, or a directory)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path}: not a tuned config file (not a regular file)")
     try:
         raw = json.loads(Path(path).read_text())
         table = raw.get("configs", raw)

@@ -39,8 +39,6 @@ def kept_configs(path: str) -> dict[int, dict[str, Any]]:
     not a tuned file (it is not overwritten)."""
     if not os.path.exists(path):
         return {}
-    if not os.path.isfile(path):  # a FIFO would block the read, a directory fail it
-        raise ValueError(f"{path}: not a tuned config file (not a regular file)")
     return {t: c.to_dict() for t, c in read_tuned_file(path).items()}
 
 
