@@ -111,9 +111,9 @@ class Loaded:
         terminal a line for people, otherwise a JSON event, as every event of the CLI."""
         if not self.torn:
             return
-        import structlog
+        from moe_policy.reporting.events import get_logger
 
-        structlog.get_logger("moe_policy").warning(
+        get_logger().warning(
             "moe_policy.diff_torn_lines",
             path=self.path,
             lines=list(self.torn),

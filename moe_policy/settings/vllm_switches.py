@@ -82,15 +82,6 @@ def deep_gemm_switched_off(environ: Mapping[str, str], oracle: str | None) -> Or
     return None
 
 
-def without_switched_off(
-    environ: Mapping[str, str], oracle: str | None, packages: tuple[str, ...]
-) -> tuple[str, ...]:
-    """``packages`` less DeepGEMM where a switch ``oracle`` reads is set off."""
-    if deep_gemm_switched_off(environ, oracle) is None:
-        return packages
-    return tuple(p for p in packages if p != DEEP_GEMM_PACKAGE)
-
-
 def no_effect_detail(name: str, oracle: str | None, engine_label: str) -> str:
     """Why a DeepGEMM switch has no effect on this decision (its oracle does not read it)."""
     readers = READERS[name]

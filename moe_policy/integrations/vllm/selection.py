@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_policy.api import Selector
+from moe_policy.api import ENGINE_VARIABLE, Selector
 from moe_policy.core.catalog import Catalog, load_catalog
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Decision
@@ -51,8 +51,6 @@ from moe_policy.integrations.vllm.facts import (
 )
 from moe_policy.integrations.vllm.wna16 import Wna16Call, wna16_facts, wna16_request_entry
 from moe_policy.reporting.audit import AuditWriteError
-
-ENGINE_VARIABLE = "MOE_POLICY_ENGINE"
 
 
 def engine_profile() -> EngineProfile:
