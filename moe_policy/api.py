@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +19,13 @@ from moe_policy.core.catalog import Catalog, load_catalog
 from moe_policy.core.context import SelectionContext
 from moe_policy.core.decision import Decision
 from moe_policy.core.engines import MOE_POLICY, EngineProfile, resolve_engine
-from moe_policy.core.facts import DRY_RUN_KEYS, build_context
+from moe_policy.core.facts import build_context
 from moe_policy.core.keys import coerce_value
 from moe_policy.core.model import ModelFacts, load_model, model_facts_from_mapping
 from moe_policy.core.origin import Origin
 from moe_policy.core.passes import ExtraCheck, Pass
 from moe_policy.core.pipeline import DEFAULT_PIPELINE
-from moe_policy.core.platform import PlatformFacts, probed_platform
+from moe_policy.core.platform import PlatformFacts, current_platform, probed_platform
 from moe_policy.core.resolver import Resolver
 from moe_policy.core.state import STATE
 from moe_policy.errors import PolicyError, did_you_mean
@@ -142,10 +142,6 @@ def _engine_profile(
     return MOE_POLICY, "default"
 
 
-#: ``Selector(_pinned=...)`` not given: the platform is whatever ``current_platform()`` says.
-_CURRENT: Any = object()
-
-
 class Selector:
     """Decides backends for the MoE layers of one model in one deployment.
 
@@ -173,7 +169,7 @@ class Selector:
         overrides: Mapping[str, Any] | None = None,
         engine: str | EngineProfile | None = None,
         engine_origin: Origin | None = None,
-        _pinned: Any = _CURRENT,
+        _current_platform: Callable[[], PlatformFacts] = current_platform,
         **arguments: Any,
     ) -> None:
         if isinstance(platform, str):  # the platform name keyword (a dry run), not pinned facts
@@ -195,14 +191,6 @@ class Selector:
             files_origin=files_origin,
             engine=self.engine,
         )
-        if (
-            platform is None
-            and _pinned is not _CURRENT
-            and not any(key in self.settings.context for key in DRY_RUN_KEYS)
-        ):
-            # ``selector_for``'s snapshot: the platform its cache key names, never one that
-            # ``override_platform`` pinned (or unpinned) in another thread meanwhile.
-            platform = _pinned if _pinned is not None else probed_platform()
         self.context = build_context(
             self.catalog,
             self.model,
@@ -213,6 +201,9 @@ class Selector:
             engine=self.engine,
             engine_origin=chosen_by,
             switched_off=self.settings.switched_off,
+            # selector_for's snapshot: the platform its cache key names, never one that
+            # override_platform pinned (or unpinned) in another thread meanwhile
+            current=_current_platform,
         )
         self.resolver = Resolver(self.catalog, self.settings.policy(), extra_checks, pipeline)
         self.reporter = reporter or REPORTER
@@ -338,7 +329,7 @@ def selector_for(
                     policy_files=policy_files,
                     explicit=explicit_entries(arguments, overrides, Origin.api()),
                     engine=engine,
-                    _pinned=pinned,
+                    _current_platform=(lambda: pinned) if pinned else probed_platform,
                 )
                 STATE.selectors[key] = selector
     return selector

@@ -8,7 +8,7 @@ packages, unless ``packages`` is given too.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from moe_policy.core.catalog import Catalog
@@ -57,10 +57,12 @@ def build_context(
     engine: EngineProfile = MOE_POLICY,
     engine_origin: Origin | str = "default",
     switched_off: Sequence[tuple[str, str]] = (),
+    current: Callable[[], PlatformFacts] = current_platform,
 ) -> SelectionContext:
     """Every fact with its origin; ``settings_context`` maps key -> Resolved (env, API, CLI).
     ``switched_off`` names packages an engine switch takes out of ``packages`` (package,
-    origin of the switch), whoever said the target has them."""
+    origin of the switch), whoever said the target has them. ``current`` gives the target's
+    facts when neither ``platform`` nor a dry run describes it (called only then)."""
     values: dict[str, Any] = dict(DEFAULTS)
     origins: dict[str, str] = {key: "default" for key in DEFAULTS}
 
@@ -75,7 +77,7 @@ def build_context(
     if platform is not None:
         _put_platform(put, platform)
     elif not dry_run:
-        _put_platform(put, current_platform())
+        _put_platform(put, current())
     else:
         put("platform", "cuda", "default")
         every = sorted({pkg for spec in catalog for pkg in spec.packages})
