@@ -10,14 +10,19 @@ if TYPE_CHECKING:
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or an empty string.
+    """`` (did you mean 'x'?)`` for a choice that differs only in case, else the closest one,
+    or an empty string.
 
     >>> did_you_mean("flashinfer_cutlas", ["triton", "flashinfer_cutlass"])
     " (did you mean 'flashinfer_cutlass'?)"
+    >>> did_you_mean("Sigmoid", ["softmax", "sigmoid"])
+    " (did you mean 'sigmoid'?)"
     """
     import difflib
 
-    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
+    choices = list(choices)
+    same = [c for c in choices if str(c).lower() == str(value).lower()]
+    close = same or difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

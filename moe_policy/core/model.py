@@ -415,10 +415,9 @@ def _routing(
     ):
         if hit is not None and _typed(parse_str, hit, what) not in known:
             name, value, origin = hit
-            same = [k for k in known if k.lower() == value.lower()]
-            hint = f" (did you mean {same[0]!r}?)" if same else did_you_mean(value, known)
             raise PolicyError(
-                f"{name}: unknown {what} {value!r}{hint} (known: {', '.join(known)})",
+                f"{name}: unknown {what} {value!r}{did_you_mean(value, known)} "
+                f"(known: {', '.join(known)})",
                 origin,
                 key=name,
             )

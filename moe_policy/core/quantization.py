@@ -134,9 +134,9 @@ def _choice(doc: _Doc, value: Any, known: tuple[str, ...], what: str, *path: Any
         raise doc.error(
             f"expected {what} ({' or '.join(known)}), got {doc.shown(value, *path)}", *path
         )
-    same = [k for k in known if k.lower() == value.lower()]
-    hint = f" (did you mean {same[0]!r}?)" if same else did_you_mean(value, known)
-    raise doc.error(f"unknown {what} {value!r}{hint} (known: {', '.join(known)})", *path)
+    raise doc.error(
+        f"unknown {what} {value!r}{did_you_mean(value, known)} (known: {', '.join(known)})", *path
+    )
 
 
 # --- Hugging Face fine-grained fp8 (vLLM's Fp8Config) ------------------------------------------
