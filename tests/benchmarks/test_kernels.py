@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from benchmarks import common, kernels
+from tests.entry_points import main_error
 
 
 def _payload(ceil: float, rows: list[dict]) -> dict:
@@ -168,24 +169,13 @@ def test_a_failed_row_makes_the_exit_status_one_after_writing(tmp_path, monkeypa
     assert json.loads((tmp_path / "merged.json").read_text())["rows"][1] == error
 
 
-def _main_error(monkeypatch, capsys, *argv: str) -> str:
-    """``benchmarks.kernels`` run with ``argv``: exit 2, no traceback; its error line."""
-    monkeypatch.setattr(sys, "argv", ["benchmarks.kernels", *argv])
-    with pytest.raises(SystemExit) as exc:
-        kernels.main()
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
 def test_a_run_without_a_gpu_says_so(monkeypatch, capsys):
     """Without a CUDA GPU a sweep was a traceback from torch.cuda ("Torch not compiled with
     CUDA enabled"); the --out folder is checked before."""
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    line = _main_error(monkeypatch, capsys, "--shapes", "mixtral-8x7b", "--tokens", "1")
+    line = main_error(kernels, monkeypatch, capsys, "--shapes", "mixtral-8x7b", "--tokens", "1")
     assert line.endswith("error: no CUDA GPU: the benchmark times the kernels on one "
                          "(--table and --merge need none)")  # fmt: skip
 
@@ -207,7 +197,7 @@ def test_flags_that_would_hang_or_be_ignored_are_usage_errors(monkeypatch, capsy
                                                               message):  # fmt: skip
     """--held inf held the GPU forever, a negative or NaN --held skipped silently, a --tag with
     a folder failed at the end of the sweep, --missed without --table was ignored."""
-    assert _main_error(monkeypatch, capsys, *argv).endswith(message)
+    assert main_error(kernels, monkeypatch, capsys, *argv).endswith(message)
 
 
 def test_an_out_that_is_a_file_is_named_before_any_work(tmp_path, monkeypatch, capsys):
@@ -216,7 +206,7 @@ def test_an_out_that_is_a_file_is_named_before_any_work(tmp_path, monkeypatch, c
     path.write_text(json.dumps(_payload(4.0, [_row(8, 1.2)])))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    line = _main_error(monkeypatch, capsys, "--merge", str(path), "--out", str(blocker))
+    line = main_error(kernels, monkeypatch, capsys, "--merge", str(path), "--out", str(blocker))
     assert line.endswith(f"error: --out: cannot write to '{blocker}' (not a directory)")
 
 
@@ -229,7 +219,9 @@ def test_merge_refuses_a_fifo_and_an_empty_sweep(tmp_path, monkeypatch, capsys):
     empty.write_text(json.dumps(_payload(4.0, [])))
     for path, why in [(fifo, "cannot read file: it is a FIFO, not a regular file"),
                       (empty, "not a benchmarks.kernels sweep ('rows' is not a non-empty list)")]:  # fmt: skip
-        line = _main_error(monkeypatch, capsys, "--merge", str(path), "--out", str(tmp_path))
+        line = main_error(
+            kernels, monkeypatch, capsys, "--merge", str(path), "--out", str(tmp_path)
+        )
         assert line.endswith(f"error: --merge {path}: {why}")
     assert not (tmp_path / "kernels.json").exists()
 
@@ -249,5 +241,5 @@ def test_model_the_kernels_cannot_run_is_refused(tmp_path, monkeypatch, capsys, 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     monkeypatch.setattr(kernels, "SHAPES", dict(kernels.SHAPES))
-    line = _main_error(monkeypatch, capsys, "--model", str(path))
+    line = main_error(kernels, monkeypatch, capsys, "--model", str(path))
     assert line.endswith(f"error: --model {path}: {message}")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.entry_points import main_error
+
 pytest.importorskip("triton")
 
 from tools import ptx_report
@@ -123,11 +125,7 @@ def test_tiles_the_kernels_never_launch_are_usage_errors(flags, message, monkeyp
     """Each was a Triton compile traceback (a power-of-two assertion, an arange range), a
     report of a config no launch uses (--stages 0, a 64-row tail of a 64-row block), or, for
     an architecture LLVM does not know, an abort of the whole process."""
-    monkeypatch.setattr(sys, "argv", ["tools.ptx_report", *flags])
-    with pytest.raises(SystemExit) as exc:
-        ptx_report.main()
-    assert exc.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
+    assert main_error(ptx_report, monkeypatch, capsys, *flags).endswith(f"error: {message}")
 
 
 def test_ptxas_assembles_pre_hopper_targets_without_the_a_suffix():

@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.common import SHAPES
 from moe_policy.experts.triton.config import CONFIG_DIR, SMEM_LIMIT, smem_bytes
+from tests.entry_points import main_error
 from tools import compare_configs, tune_triton
 
 
@@ -259,19 +260,6 @@ def test_tuner_file_write_keeps_untuned_entries_and_reports_lost_triggers(tmp_pa
     )
 
 
-def _main_error(module, monkeypatch, capsys, *argv: str) -> str:
-    """``module.main()`` with ``argv``: exit 2, no traceback; its error line."""
-    import sys
-
-    monkeypatch.setattr(sys, "argv", [module.__name__, *argv])
-    with pytest.raises(SystemExit) as exc:
-        module.main()
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
 _GEMM = {"block_n": 32, "block_k": 64}
 _ENTRY = {"block_m": 16, "gemm1": _GEMM, "gemm2": _GEMM}
 
@@ -306,7 +294,7 @@ def test_tuner_from_log_refuses_what_is_no_log_and_writes_nothing(tmp_path, monk
     if log is not None:
         path.write_text(log if isinstance(log, str) else json.dumps(log))
     out = tmp_path / "out"
-    line = _main_error(tune_triton, monkeypatch, capsys, "--from-log", str(path), "--out", str(out))
+    line = main_error(tune_triton, monkeypatch, capsys, "--from-log", str(path), "--out", str(out))
     assert line.endswith("error: --from-log " + message.format(path=path)), line
     assert not any(out.iterdir())
 
@@ -320,7 +308,7 @@ def test_tuner_from_log_refuses_a_fifo_and_a_broken_tuned_file_in_out(tmp_path, 
 
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    line = _main_error(tune_triton, monkeypatch, capsys, "--from-log", str(fifo), "--out",
+    line = main_error(tune_triton, monkeypatch, capsys, "--from-log", str(fifo), "--out",
                        str(tmp_path))  # fmt: skip
     assert line.endswith(f"--from-log {fifo}: cannot read file: it is a FIFO, not a regular file")
     log = tmp_path / "tune_log.json"
@@ -328,7 +316,7 @@ def test_tuner_from_log_refuses_a_fifo_and_a_broken_tuned_file_in_out(tmp_path, 
                                "points": {"mixtral-8x7b/1": {"best": _ENTRY}}}))  # fmt: skip
     bad = tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json"
     bad.write_text('{"triton_version": "3.6"}')
-    line = _main_error(tune_triton, monkeypatch, capsys, "--from-log", str(log), "--out",
+    line = main_error(tune_triton, monkeypatch, capsys, "--from-log", str(log), "--out",
                        str(tmp_path))  # fmt: skip
     assert f"error: --out: {bad}: not a tuned config file (" in line
     assert line.endswith("; move it away")
@@ -345,7 +333,7 @@ def test_gpu_runs_without_the_kernels_say_so_before_any_work(module, tmp_path, m
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)
-    line = _main_error(module, monkeypatch, capsys, "--shapes", "mixtral-8x7b", "--tokens", "1",
+    line = main_error(module, monkeypatch, capsys, "--shapes", "mixtral-8x7b", "--tokens", "1",
                        "--out", str(tmp_path))  # fmt: skip
     assert line.endswith("error: the kernels are not installed: pip install 'moe-policy[kernels]'")
 
@@ -371,7 +359,7 @@ def test_tool_flags_are_checked_before_any_work(module, argv, message, tmp_path,
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     argv = [a.format(file=blocker) for a in argv]
-    assert _main_error(module, monkeypatch, capsys, *argv).endswith(message.format(file=blocker))
+    assert main_error(module, monkeypatch, capsys, *argv).endswith(message.format(file=blocker))
 
 
 @pytest.mark.parametrize(
@@ -393,7 +381,7 @@ def test_write_best_refuses_what_is_no_compare_best(tmp_path, monkeypatch, capsy
     path = tmp_path / "compare_best.json"
     path.write_text(best)
     before = {p.name: p.read_text() for p in CONFIG_DIR.iterdir()}
-    line = _main_error(compare_configs, monkeypatch, capsys, "--write-best", str(path))
+    line = main_error(compare_configs, monkeypatch, capsys, "--write-best", str(path))
     assert line.endswith("error: --write-best " + message.format(path=path)), line
     assert {p.name: p.read_text() for p in CONFIG_DIR.iterdir()} == before
 
@@ -417,6 +405,6 @@ def test_compare_refuses_a_variant_no_point_offers(tmp_path, monkeypatch, capsys
 
     monkeypatch.setattr(compare_configs, "cuda_device_name", lambda why: "NVIDIA H200")
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
-    line = _main_error(compare_configs, monkeypatch, capsys, "--shapes", "qwen3-30b-a3b",
+    line = main_error(compare_configs, monkeypatch, capsys, "--shapes", "qwen3-30b-a3b",
                        "--tokens", "256", "--variants", "plian", "--out", str(tmp_path))  # fmt: skip
     assert "error: --variants: no point offers plian (offered: " in line and "plain" in line
