@@ -254,3 +254,18 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(o).all():
         return float("inf")
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def cpu_grouped_mm_works() -> bool:
+    """Whether this torch runs ``grouped_mm`` on CPU tensors (the grouped-GEMM backend's tests
+    run there only then)."""
+    from moe_policy.experts.grouped_mm import grouped_mm_fn
+
+    gmm = grouped_mm_fn()
+    if gmm is None:
+        return False
+    try:
+        gmm(torch.ones(4, 8), torch.ones(2, 8, 8), offs=torch.tensor([2, 4], dtype=torch.int32))
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True

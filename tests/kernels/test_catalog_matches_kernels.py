@@ -19,6 +19,7 @@ from moe_policy.core.keys import ACTIVATIONS  # noqa: E402
 from moe_policy.experts.base import ExpertsConfig, FusedMoEExperts  # noqa: E402
 from moe_policy.experts.testing import (  # noqa: E402
     ON_GPU,
+    cpu_grouped_mm_works,
     make_routing,
     make_weights,
     make_x,
@@ -103,21 +104,7 @@ def _runnable_here(name: str) -> str | None:
     if name == "flashinfer_cutlass":
         return "FlashInfer's CUTLASS MoE needs a CUDA GPU and flashinfer"
     if name == "torch_grouped_mm":
-        from moe_policy.experts.grouped_mm import grouped_mm_fn
-
-        gmm = grouped_mm_fn()
-        try:
-            ok = (
-                gmm is not None
-                and gmm(
-                    torch.ones(4, 8),
-                    torch.ones(2, 8, 8),
-                    offs=torch.tensor([2, 4], dtype=torch.int32),
-                )
-                is not None
-            )
-        except (RuntimeError, NotImplementedError):
-            ok = False
+        ok = cpu_grouped_mm_works()
         return None if ok else "this torch has no CPU grouped_mm"
     ok, reason = _experts_class(name).is_available()
     return None if ok else reason

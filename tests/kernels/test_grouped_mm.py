@@ -19,6 +19,7 @@ from moe_policy.experts.lora import MoELoRAAdapters, MoELoRAContext
 from moe_policy.experts.reference import fused_moe_reference
 from moe_policy.experts.testing import (
     FULL_SHAPES,
+    cpu_grouped_mm_works,
     make_lora,
     make_weights,
     reference_output,
@@ -42,17 +43,6 @@ ACTIVATIONS = [
     ("gelu", False, False),
     ("gelu_tanh", False, False),
 ]
-
-
-def _cpu_grouped_mm_works() -> bool:
-    gmm = grouped_mm_fn()
-    if gmm is None:
-        return False
-    try:
-        gmm(torch.ones(4, 8), torch.ones(2, 8, 8), offs=torch.tensor([2, 4], dtype=torch.int32))
-    except (RuntimeError, NotImplementedError):
-        return False
-    return True
 
 
 def _skip_unless_available() -> None:
@@ -116,7 +106,7 @@ def test_apply_rejects_what_it_does_not_support() -> None:
             ex16.apply(torch.randn(3, 32).bfloat16(), torch.rand(3, 2), ids)
 
 
-@pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
+@pytest.mark.skipif(not cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
 @pytest.mark.parametrize("use_lora", [False, True], ids=["base", "lora"])
 @pytest.mark.parametrize(("activation", "gated", "has_bias"), ACTIVATIONS)
 def test_pipeline_matches_reference_on_cpu(
@@ -153,7 +143,7 @@ def test_pipeline_matches_reference_on_cpu(
         assert rel_err(base, ref) > 1e-2
 
 
-@pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
+@pytest.mark.skipif(not cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
 @pytest.mark.parametrize("use_lora", [False, True], ids=["base", "lora"])
 def test_pipeline_swiglustep_clamps_at_the_layer_limit_on_cpu(use_lora: bool) -> None:
     """swiglustep at a limit of 0.5 (most silu(gate) and |up| past it): the pipeline follows
@@ -182,7 +172,7 @@ def test_pipeline_swiglustep_clamps_at_the_layer_limit_on_cpu(use_lora: bool) ->
         assert rel_err(out, swiglustep_float64(wt, x, w, ids, 0.5)) < CPU_FP32_REL_L2
 
 
-@pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
+@pytest.mark.skipif(not cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
 def test_pipeline_router_weight_on_input_on_cpu() -> None:
     """Top-1 with the weight on the input (Llama-4 style), with LoRA."""
     cfg = ExpertsConfig(4, 32, 24, 1, apply_router_weight_on_input=True)
@@ -228,7 +218,7 @@ def test_pipeline_rejects_bad_input() -> None:
         grouped_mm_fused_moe(x, w13, w2, w, ids, lora=MoELoRAContext(half, ids[:, 0]))
 
 
-@pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
+@pytest.mark.skipif(not cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
 def test_pipeline_empty_batch_on_cpu() -> None:
     """T = 0 returns an empty [0, H] output, with and without LoRA."""
     cfg = ExpertsConfig(4, 32, 16, 2)
@@ -313,7 +303,7 @@ def test_swigluoai_bias_and_cuda_graph_gpu() -> None:
     assert rel_err(out, ref2) < GPU_BF16_REL_L2
 
 
-@pytest.mark.skipif(not _cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
+@pytest.mark.skipif(not cpu_grouped_mm_works(), reason="this torch has no CPU grouped_mm")
 def test_pipeline_adapters_without_slots_or_rank_give_the_base_on_cpu() -> None:
     """Adapters with no slot or max rank 0 add nothing (they raised IndexError and a reshape
     RuntimeError)."""
