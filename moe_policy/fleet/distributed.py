@@ -120,7 +120,7 @@ def check_agreement(
         # A required audit this rank cannot open fails every rank, not this one alone.
         sink = _agreement_sink(mine_decisions, audit)
         if sink is not None and sink.required and (error := sink.check()) is not None:
-            raise AuditWriteError(f"audit log {sink.path!r} could not be written: {error}")
+            raise AuditWriteError.at(sink.path, error)
     except Exception as exc:  # reported to every rank through the gather, then raised
         failure, mine = exc, None
         summary = {"rank": rank, "host": hostname(), "problem": f"{type(exc).__name__}: {exc}"}
@@ -289,7 +289,7 @@ def _audit(
     if error is None:
         return
     if sink.required:
-        raise AuditWriteError(f"audit log {sink.path!r} could not be written: {error}")
+        raise AuditWriteError.at(sink.path, error)
     get_logger().warning(
         "moe_policy.audit_failed",
         path=sink.path,

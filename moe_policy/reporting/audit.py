@@ -31,6 +31,11 @@ _REOPENS = 8
 class AuditWriteError(MoEPolicyError, OSError):
     """The audit line could not be written and the policy requires the audit."""
 
+    @classmethod
+    def at(cls, path: str, error: BaseException) -> AuditWriteError:
+        """The error for the audit log at ``path`` that ``error`` kept from being written."""
+        return cls(f"audit log {path!r} could not be written: {error}")
+
 
 def rank_info(environ: Mapping[str, str] | None = None) -> tuple[int | None, int | None]:
     """(rank, world size) from torch.distributed when initialised, else RANK/WORLD_SIZE."""

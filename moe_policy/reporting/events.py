@@ -210,7 +210,7 @@ class Reporter:
         if error is None:
             return
         if sink.required:
-            raise AuditWriteError(f"audit log {sink.path!r} could not be written: {error}")
+            raise AuditWriteError.at(sink.path, error)
         key = (sink.path, type(error).__name__)
         with self.memory.lock:
             failures = self.memory.audit_failures.get(key, 0) + 1
